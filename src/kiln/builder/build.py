@@ -1,0 +1,89 @@
+"""The build pipeline: load → import → passes → plan memory → Engine, with progress callbacks."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import onnx
+
+from kiln.builder.device import Device, detect
+from kiln.config import BuildConfig
+from kiln.engine import Engine
+from kiln.frontend.onnx import import_onnx, load_onnx
+from kiln.frontend.onnx.limits import ModelLimits
+from kiln.passes import PassContext, default_passes, run_passes
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+STAGES = ("load", "import", "optimize", "plan")
+
+
+@dataclass
+class BuildContext:
+    """Everything a build reads, frozen at its start, and what it reports back."""
+
+    config: BuildConfig
+    device: Device
+    progress: Progress
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _unhonoured(config: BuildConfig, device: Device) -> list[str]:
+    """Options this backend cannot honour, said plainly instead of silently ignored."""
+    if device.backend != "cpu":
+        return []
+    notes = []
+    for flag in ("fp16", "bf16", "tf32", "int8", "fp8"):
+        if getattr(config, flag):
+            notes.append(f"--{flag} is not honoured by the CPU backend: the engine computes in the model's "
+                         "own precision (build on a GPU for reduced precision)")
+    if config.timing_cache:
+        notes.append("--timing-cache is unused by the CPU backend: it has no kernels to tune")
+    if config.layer_precisions:
+        notes.append("--layer-precision is unused by the CPU backend: every layer runs in the model's precision")
+    return notes
+
+
+def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
+    """Inputs whose shape is fixed in every profile: the importer specializes them."""
+    if not config.profiles:
+        return {}
+    first = config.profiles[0]
+    return {n: r.min for n, r in first.items()
+            if r.is_static and all(p.get(n) == r for p in config.profiles)}
+
+
+def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfig | None = None,
+          progress: Progress | None = None) -> Engine:
+    """Build an engine for the best device present (or `config.device`) from an ONNX model."""
+    config = config or BuildConfig()
+    ctx = BuildContext(config, detect(config.device), progress or (lambda *a: None))
+    ctx.notes += _unhonoured(config, ctx.device)
+    t0 = time.perf_counter()
+
+    def stage(name: str, fn):
+        ctx.progress(name, STAGES.index(name), len(STAGES))
+        start = time.perf_counter()
+        out = fn()
+        ctx.timings[name] = time.perf_counter() - start
+        return out
+
+    limits = ModelLimits(fold_budget_bytes=config.fold_budget_bytes)
+    loaded = stage("load", lambda: load_onnx(model, limits, input_shapes=static_input_shapes(config)))
+    net = stage("import", lambda: import_onnx(loaded.proto))
+    onnx_nodes = len(loaded.proto.graph.node)
+    imported_layers = len(net.layers)
+    pctx = PassContext(fold_budget_bytes=config.fold_budget_bytes)
+    net = stage("optimize", lambda: run_passes(net, default_passes(), pctx))
+    net.verify()
+    info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,
+            "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}
+    engine = stage("plan", lambda: Engine(net, config, ctx.device, source_sha256=loaded.sha256, build_info=info))
+    engine.build_info["stage_seconds"] = ctx.timings
+    engine.build_info["build_seconds"] = time.perf_counter() - t0
+    ctx.progress("done", len(STAGES), len(STAGES))
+    return engine

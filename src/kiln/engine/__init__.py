@@ -1,0 +1,5 @@
+"""Engines and their plan files."""
+
+from kiln.engine.engine import Engine
+
+__all__ = ["Engine"]

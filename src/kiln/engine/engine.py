@@ -1,0 +1,78 @@
+"""The Engine: an optimized network bound to a device, its weights resident there."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from kiln.builder.device import Device
+from kiln.config import BuildConfig
+from kiln.engine import compat, plan
+from kiln.engine.serialize import network_from_json, network_to_json
+from kiln.errors import PlanError
+from kiln.ir import Network
+from kiln.runtime.memory_plan import plan_memory
+
+
+class Engine:
+    """What `kiln.build` returns and `kiln.load` reads back: run it through `create_context()`."""
+
+    def __init__(self, network: Network, config: BuildConfig, device: Device, *,
+                 source_sha256: str = "", build_info: dict | None = None, header: dict | None = None):
+        self.network = network
+        self.config = config
+        self.device = device
+        self.source_sha256 = source_sha256
+        self.build_info = dict(build_info or {})
+        self.header = header
+        self.memory_plan = plan_memory(network)
+        self.weights = {k: v.to(device.torch_device) for k, v in network.constants.items()}
+        self.has_dynamic_inputs = any(not network.tensors[n].is_static for n in network.inputs)
+
+    @property
+    def inputs(self):
+        return [self.network.tensors[n] for n in self.network.inputs]
+
+    @property
+    def outputs(self):
+        return [self.network.tensors[n] for n in self.network.outputs]
+
+    def create_context(self):
+        from kiln.runtime.context import ExecutionContext
+
+        return ExecutionContext(self)
+
+    def run(self, feeds):
+        """One-off convenience: a fresh context's run."""
+        return self.create_context().run(feeds)
+
+    # -- plan files -----------------------------------------------------------------------
+    def serialize(self) -> bytes:
+        manifest, tensors = network_to_json(self.network)
+        manifest = {"network": manifest, "config": self.config.to_json(), "build": self.build_info,
+                    "memory": self.memory_plan.to_json()}
+        header = {"device": self.device.fingerprint(), "source_sha256": self.source_sha256}
+        return plan.encode(header, manifest, tensors)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return plan.write(path, self.serialize())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, policy: compat.Policy | str = "strict") -> "Engine":
+        start = time.perf_counter()
+        p = plan.read(path)
+        device = compat.check(p.header, policy, source=str(path))
+        try:
+            m = p.manifest
+            network = network_from_json(m["network"], p.tensors)
+            config = BuildConfig.from_json(m["config"])
+            build_info = dict(m.get("build") or {})
+        except PlanError:
+            raise
+        except Exception as e:
+            raise PlanError(f"{path}: manifest is malformed ({type(e).__name__}: {e}); rebuild the plan") from None
+        engine = cls(network, config, device, source_sha256=str(p.header.get("source_sha256", "")),
+                     build_info=build_info, header=p.header)
+        engine.build_info["load_seconds"] = time.perf_counter() - start
+        return engine

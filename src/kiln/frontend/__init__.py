@@ -1,0 +1,1 @@
+"""Model frontends: each turns a model format into kiln's network IR."""

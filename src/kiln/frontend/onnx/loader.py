@@ -1,0 +1,173 @@
+"""Read and validate an untrusted ONNX model: parse, check fields and caps, load external data, infer shapes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from kiln.errors import ModelError, ResourceLimitError, UnsupportedOpError
+from kiln.frontend.onnx.external_data import external_tensors, load_external_data
+from kiln.frontend.onnx.limits import PROTOBUF_LIMIT, ModelLimits
+
+
+@dataclass
+class LoadedModel:
+    """A validated model, its sha256 (of the file bytes) and where it came from."""
+
+    proto: onnx.ModelProto
+    sha256: str
+    source: str
+
+
+def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelLimits = ModelLimits(),
+              input_shapes: dict[str, tuple[int, ...]] | None = None) -> LoadedModel:
+    """Load `model` (path, bytes or ModelProto) into a checked, shape-inferred ModelProto.
+
+    `input_shapes` fixes the named inputs' dimensions before shape inference (static profiles).
+    """
+    if isinstance(model, onnx.ModelProto):
+        data, base, source = model.SerializeToString(), Path.cwd(), "<ModelProto>"
+    elif isinstance(model, (bytes, bytearray)):
+        data, base, source = bytes(model), Path.cwd(), "<bytes>"
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"model file {path} does not exist or is not a file")
+        size = path.stat().st_size
+        if size > PROTOBUF_LIMIT:
+            raise ModelError(f"{path} is {size} bytes, over protobuf's 2 GiB limit; save the model with "
+                             "external data (onnx.save(model, path, save_as_external_data=True))")
+        data, base, source = path.read_bytes(), path.parent, str(path)
+    if len(data) > PROTOBUF_LIMIT:
+        raise ModelError("model is over protobuf's 2 GiB limit; save it with external data")
+    digest = hashlib.sha256(data).hexdigest()
+    proto = parse(data, source)
+    validate_fields(proto, source)
+    check_caps(proto, limits)
+    check_ops_supported(proto)
+    try:
+        onnx.checker.check_model(proto)
+    except (onnx.checker.ValidationError, Exception) as e:  # checker raises several types
+        raise ModelError(f"{source} failed ONNX validation: {_first_line(e)}") from None
+    if any(True for _ in external_tensors(proto)):
+        load_external_data(proto, base, limits.max_file_bytes)
+    if input_shapes:
+        set_input_shapes(proto, input_shapes)
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:
+        raise ModelError(f"{source}: shape inference failed: {_first_line(e)}") from None
+    return LoadedModel(proto, digest, source)
+
+
+def set_input_shapes(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    from kiln.errors import ConfigError
+
+    inputs = {vi.name: vi for vi in proto.graph.input}
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise ConfigError(f"shape given for {name!r}, but the model's inputs are {sorted(inputs)}")
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise ConfigError(f"shape {list(shape)} for input {name!r} has rank {len(shape)}; the model "
+                              f"declares rank {len(dims)}")
+        for d, value in zip(dims, shape):
+            if d.HasField("dim_value") and d.dim_value != value:
+                raise ConfigError(f"shape {list(shape)} for input {name!r} conflicts with the model's "
+                                  f"fixed dimension {d.dim_value}")
+            d.dim_value = int(value)
+
+
+def parse(data: bytes, source: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise ModelError(f"{source} is not a valid ONNX model (protobuf parse failed: {e}); "
+                         "check that the file is an .onnx export and not truncated") from None
+    if not data:
+        raise ModelError(f"{source} is empty, not a valid ONNX model")
+    return proto
+
+
+def validate_fields(proto: onnx.ModelProto, source: str) -> None:
+    """Required ModelProto fields, checked before anything else reads them."""
+    if not proto.HasField("graph"):
+        raise ModelError(f"{source} is not a valid ONNX model: field 'graph' is missing")
+    if proto.ir_version <= 0:
+        raise ModelError(f"{source} is not a valid ONNX model: field 'ir_version' is missing")
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelError(f"{source}: ir_version {proto.ir_version} is newer than the newest kiln reads "
+                         f"({onnx.IR_VERSION}); re-export with an older exporter")
+    if not proto.opset_import:
+        raise ModelError(f"{source} is not a valid ONNX model: field 'opset_import' is empty")
+    newest = onnx.defs.onnx_opset_version()
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > newest:
+            raise UnsupportedOpError(f"{source} imports opset {o.version} of the default domain; kiln supports "
+                                     f"up to opset {newest}; re-export with opset <= {newest}")
+
+
+def check_caps(proto: onnx.ModelProto, limits: ModelLimits) -> None:
+    """Reject huge ranks, node counts and subgraph nesting before any deeper work."""
+    def walk(graph: onnx.GraphProto, depth: int) -> int:
+        if depth > limits.max_graph_depth:
+            raise ResourceLimitError(f"subgraphs nested deeper than {limits.max_graph_depth} levels")
+        count = len(graph.node)
+        for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if vi.type.HasField("tensor_type") and len(vi.type.tensor_type.shape.dim) > limits.max_rank:
+                raise ResourceLimitError(f"tensor {vi.name!r} has rank {len(vi.type.tensor_type.shape.dim)}, "
+                                         f"over kiln's limit of {limits.max_rank}")
+            _check_bytes(vi, limits)
+        for init in graph.initializer:
+            if len(init.dims) > limits.max_rank:
+                raise ResourceLimitError(f"initializer {init.name!r} has rank {len(init.dims)}, over {limits.max_rank}")
+        for node in graph.node:
+            for a in node.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    count += walk(g, depth + 1)
+        if count > limits.max_nodes:
+            raise ResourceLimitError(f"model has over {limits.max_nodes} nodes")
+        return count
+
+    walk(proto.graph, 0)
+
+
+def _check_bytes(vi: onnx.ValueInfoProto, limits: ModelLimits) -> None:
+    n = 1
+    for d in vi.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            if d.dim_value < 0:
+                raise ModelError(f"tensor {vi.name!r} declares a negative dimension {d.dim_value}")
+            n *= d.dim_value
+    if n * 8 > limits.max_tensor_bytes:
+        raise ResourceLimitError(f"tensor {vi.name!r} declares {n} elements, over the memory budget of "
+                                 f"{limits.max_tensor_bytes} bytes; check its declared dimensions")
+
+
+def check_ops_supported(proto: onnx.ModelProto) -> None:
+    """Every node must have a kiln importer for its domain, op and opset (nodes in subgraphs too)."""
+    from kiln.frontend.onnx import ops  # noqa: F401  (registers importers)
+    from kiln.frontend.onnx.registry import lookup
+
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
+    for node in proto.graph.node:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in opsets:
+            raise ModelError(f"node {node.name!r} ({node.op_type}) uses domain {domain!r}, which the model "
+                             "does not import (opset_import)")
+        if lookup(domain, node.op_type, opsets[domain]) is None:
+            raise UnsupportedOpError(
+                f"node {node.name!r}: op {node.op_type!r} of domain {domain or 'ai.onnx'!r} at opset "
+                f"{opsets[domain]} is not supported by kiln; run `kiln inspect model.onnx` to list "
+                "unsupported ops, replace the op in the exporter, or supply it as a kiln plugin")
+
+
+def _first_line(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__

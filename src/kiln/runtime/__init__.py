@@ -1,0 +1,5 @@
+"""Running engines: execution contexts, input checking, memory planning."""
+
+from kiln.runtime.context import ExecutionContext
+
+__all__ = ["ExecutionContext"]

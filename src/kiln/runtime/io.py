@@ -1,0 +1,79 @@
+"""Checking and converting inference inputs (numpy, torch, DLPack) against what an engine expects."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from kiln.config import Profile
+from kiln.errors import InputError
+from kiln.ir import DType, Tensor
+from kiln.ir.dtype import to_torch
+
+
+def as_torch(name: str, value: Any) -> tuple[torch.Tensor, bool]:
+    """(tensor, was_numpy) for a numpy array, torch tensor or DLPack object; no copy where possible."""
+    if isinstance(value, torch.Tensor):
+        return value, False
+    if isinstance(value, np.ndarray):
+        if value.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") or not value.flags.writeable:
+            return to_torch(value), True
+        return torch.from_numpy(np.ascontiguousarray(value) if value.ndim else value), True
+    if hasattr(value, "__dlpack__"):
+        return torch.from_dlpack(value), False
+    raise InputError(f"input {name!r}: expected a numpy array, torch tensor or DLPack object, "
+                     f"got {type(value).__name__}")
+
+
+def check_feeds(feeds: Mapping[str, Any], inputs: list[Tensor], profiles: tuple[Profile, ...]
+                ) -> tuple[dict[str, torch.Tensor], bool]:
+    """Validate names, dtypes and shapes; return torch tensors and whether the caller used numpy."""
+    expected = [t.name for t in inputs]
+    missing = [n for n in expected if n not in feeds]
+    extra = [n for n in feeds if n not in expected]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing}")
+        if extra:
+            parts.append(f"unexpected {extra}")
+        raise InputError(f"wrong inputs: {', '.join(parts)}; the engine expects {expected}")
+    out, any_numpy = {}, False
+    for t in inputs:
+        value, was_numpy = as_torch(t.name, feeds[t.name])
+        any_numpy |= was_numpy
+        got = DType.from_torch(value.dtype) if value.dtype != torch.complex64 else None
+        if got != t.dtype:
+            raise InputError(f"input {t.name!r}: expected dtype {t.dtype}, got {got or value.dtype}")
+        shape = tuple(value.shape)
+        if t.shape is not None:
+            if len(shape) != len(t.shape):
+                raise InputError(f"input {t.name!r}: expected rank {len(t.shape)} (shape {t.shape_str()}), "
+                                 f"got shape {list(shape)}")
+            for d, want in zip(shape, t.shape):
+                if isinstance(want, int) and d != want:
+                    raise InputError(f"input {t.name!r}: expected shape {t.shape_str()}, got {list(shape)}")
+        out[t.name] = value
+    if profiles:
+        _check_profiles({k: tuple(v.shape) for k, v in out.items()}, profiles)
+    return out, any_numpy
+
+
+def _check_profiles(shapes: dict[str, tuple], profiles: tuple[Profile, ...]) -> int:
+    for index, p in enumerate(profiles):
+        if all(r.contains(shapes[n]) for n, r in p.items() if n in shapes):
+            return index
+    ranges = "; ".join(f"profile {i}: " + ", ".join(f"{n} {r}" for n, r in p.items()) for i, p in enumerate(profiles))
+    got = ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
+    raise InputError(f"input shapes ({got}) are outside every optimization profile ({ranges}); "
+                     "rebuild with --min-shapes/--max-shapes covering them")
+
+
+def check_byte_length(name: str, data: bytes, dtype: DType, shape: tuple[int, ...]) -> None:
+    """For raw buffers (CLI, server): byte length must equal prod(shape) × itemsize."""
+    want = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if len(data) != want:
+        raise InputError(f"input {name!r}: {len(data)} bytes given, but shape {list(shape)} of {dtype} "
+                         f"needs {want} bytes")

@@ -1,0 +1,3 @@
+"""kiln's version, recorded in every plan and timing cache."""
+
+__version__ = "0.1.0"
