@@ -1,0 +1,1 @@
+"""Architectures of the reference models, written in plain torch (torchvision cannot be installed beside CPU torch)."""
