@@ -156,14 +156,15 @@ def check_ops_supported(proto: onnx.ModelProto) -> None:
     from kiln.frontend.onnx.registry import lookup
 
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
-    for node in proto.graph.node:
+    for index, node in enumerate(proto.graph.node):
         domain = "" if node.domain == "ai.onnx" else node.domain
+        label = node.name or f"{node.op_type}_{index}"
         if domain not in opsets:
-            raise ModelError(f"node {node.name!r} ({node.op_type}) uses domain {domain!r}, which the model "
+            raise ModelError(f"node {label!r} ({node.op_type}) uses domain {domain!r}, which the model "
                              "does not import (opset_import)")
         if lookup(domain, node.op_type, opsets[domain]) is None:
             raise UnsupportedOpError(
-                f"node {node.name!r}: op {node.op_type!r} of domain {domain or 'ai.onnx'!r} at opset "
+                f"node {label!r}: op {node.op_type!r} of domain {domain or 'ai.onnx'!r} at opset "
                 f"{opsets[domain]} is not supported by kiln; run `kiln inspect model.onnx` to list "
                 "unsupported ops, replace the op in the exporter, or supply it as a kiln plugin")
 
