@@ -2,15 +2,32 @@
 
 from kiln.kinds import (  # noqa: F401  (imported for their registrations)
     activation,
+    attention,
+    cast,
+    controlflow,
     conv,
+    detection,
     elementwise,
+    indexing,
+    linalg,
+    loss,
     matmul,
     misc,
+    ml,
     normalization,
     pool,
     quantize,
     reduce,
+    resize,
+    rnn,
+    sampling,
+    sequence,
     shape,
+    softmax,
+    spectral,
+    strings,
+    text,
+    training,
 )
 from kiln.kinds.registry import KINDS, LayerKind, get, kind, run_reference
 

@@ -1,0 +1,5 @@
+"""ONNX importers for the softmax op family."""
+
+from __future__ import annotations
+
+from kiln.frontend.onnx.registry import register, register_direct

@@ -1,0 +1,7 @@
+"""Reference implementations of the rnn layer kinds."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.kinds.registry import kind
