@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all-categories", action="store_true")
     ap.add_argument("-q", "--quiet", action="store_true", help="totals only")
     args = ap.parse_args(argv)
-    cats = tuple(CATEGORIES.values())[:4] if args.all_categories else ("node",)
+    cats = tuple(CATEGORIES.values()) if args.all_categories else ("node",)
     outs = run_suite(args.device, args.patterns, cats)
     counts = collections.Counter(o.status for o in outs)
     if not args.quiet:

@@ -18,23 +18,28 @@ Reference = Callable[[list[torch.Tensor | None], dict[str, Any]], torch.Tensor |
 
 @dataclass(frozen=True)
 class LayerKind:
-    """A layer kind: its name and the function that defines its semantics."""
+    """A layer kind: its name, the function that defines its semantics, and whether it is pure.
+
+    A pure kind's outputs depend only on its inputs and attributes, so constant folding may run it
+    at build time; random kinds are not pure.
+    """
 
     name: str
     reference: Reference
+    pure: bool = True
 
 
 KINDS: dict[str, LayerKind] = {}
 
 
-def kind(*names: str):
+def kind(*names: str, pure: bool = True):
     """Register the decorated function as the reference implementation of each named kind."""
 
     def deco(fn: Reference) -> Reference:
         for name in names:
             if name in KINDS:
                 raise InternalError(f"layer kind {name!r} registered twice")
-            KINDS[name] = LayerKind(name, fn)
+            KINDS[name] = LayerKind(name, fn, pure)
         return fn
 
     return deco

@@ -1,0 +1,29 @@
+# make demo: fresh clone → .venv → builds, runs and benches the demo models.
+# make test: the same set-up, then the whole test suite (GPU tests skip without a GPU).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.kiln-installed
+# The CPU build of torch (a local wheel on our machines); a GPU machine keeps the torch it has.
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test conformance clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/kiln demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+conformance: $(STAMP)
+	$(VENV)/bin/kiln conformance --out docs/conformance.md
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
