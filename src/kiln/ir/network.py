@@ -15,7 +15,10 @@ from kiln.ir.tensor import Tensor
 
 
 class Network:
-    """A typed dataflow graph. Constants are CPU torch tensors keyed by tensor name."""
+    """A typed dataflow graph. Constants are CPU torch tensors (numpy object arrays for strings) keyed by name.
+
+    Control-flow layers hold their bodies as nested Networks in attributes (see kinds/controlflow.py).
+    """
 
     __slots__ = ("name", "inputs", "outputs", "tensors", "layers", "constants", "_ids")
 
@@ -29,8 +32,8 @@ class Network:
         self._ids = itertools.count()
 
     # -- building -------------------------------------------------------------------------
-    def add_tensor(self, name: str, dtype: DType, shape) -> Tensor:
-        t = Tensor(name, dtype, shape)
+    def add_tensor(self, name: str, dtype: DType, shape, kind: str = "tensor") -> Tensor:
+        t = Tensor(name, dtype, shape, kind)
         self.tensors[name] = t
         return t
 
@@ -66,15 +69,16 @@ class Network:
         self.outputs = [new if o == old else o for o in self.outputs]
 
     def weight_bytes(self) -> int:
-        return sum(c.numel() * c.element_size() for c in self.constants.values())
+        return sum(c.nbytes for c in self.constants.values())
 
     def __iter__(self) -> Iterator[Layer]:
         return iter(self.layers)
 
     # -- checking -------------------------------------------------------------------------
     def verify(self) -> None:
-        """Raise InternalError unless every tensor is defined once, before use, with a type."""
+        """Raise InternalError unless every tensor is defined once, before use, with a type (bodies too)."""
         from kiln.kinds import registry
+        from kiln.kinds.controlflow import verify_bodies
 
         defined = set(self.inputs) | set(self.constants)
         for name in defined:
@@ -87,6 +91,7 @@ class Network:
             names.add(layer.name)
             if layer.kind not in registry.KINDS:
                 raise InternalError(f"layer {layer.name!r} has unregistered kind {layer.kind!r}")
+            verify_bodies(layer)
             for i in layer.inputs:
                 if i and i not in defined:
                     raise InternalError(f"layer {layer.name!r} reads {i!r} before it is defined")
@@ -116,11 +121,17 @@ class Network:
             prec = f" @{layer.precision}" if layer.precision else ""
             lines.append(f"  {k:4d} {layer.kind}{prec} {layer.name}({', '.join(layer.inputs)}) -> "
                          f"{', '.join(t(o) for o in layer.outputs)}" + (f"  {{{attrs}}}" if attrs else ""))
+            for a, v in layer.attrs.items():
+                if isinstance(v, Network):
+                    lines += [f"         {a}: " + line if i == 0 else "         " + line
+                              for i, line in enumerate(str(v).splitlines())]
         lines += [f"  output {t(n)}" for n in self.outputs]
         return "\n".join(lines)
 
 
 def _short(v) -> str:
+    if isinstance(v, Network):
+        return f"<network {v.name}>"
     if isinstance(v, (np.ndarray, torch.Tensor)):
         return f"tensor{list(v.shape)}"
     s = repr(v)

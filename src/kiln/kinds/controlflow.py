@@ -1,7 +1,110 @@
-"""Reference implementations of the controlflow layer kinds."""
+"""Reference implementations of the control-flow layer kinds: If, Loop, Scan.
+
+A body is a nested `Network` in an attribute and runs through the runtime's one executor
+(`kiln.runtime.context.run_network`). Values a body reads from the enclosing graph are the
+layer's last `captures` inputs (for If: every input after `cond`), passed as the body's last inputs.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from kiln.errors import InternalError
+from kiln.ir import Layer, Network
 from kiln.kinds.registry import kind
+
+BODIES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",), "SequenceMap": ("body",)}
+
+
+def verify_bodies(layer: Layer) -> None:
+    """Raise InternalError unless a body-holding layer's bodies are networks whose input/output counts fit."""
+    names = BODIES.get(layer.kind, ())
+    n_in, n_out = len(layer.inputs), len(layer.outputs)
+    captures = layer.attrs.get("captures", n_in - 1 if layer.kind == "If" else 0)
+    if names and (not isinstance(captures, int) or not 0 <= captures <= n_in - (layer.kind == "Loop") * 2):
+        raise InternalError(f"layer {layer.name!r} ({layer.kind}): captures={captures!r} does not fit its {n_in} inputs")
+    want = {"If": (n_in - 1, n_out), "Loop": (n_in, n_out + 1)}.get(layer.kind, (n_in, n_out))
+    for name in names:
+        body = layer.attrs.get(name)
+        if not isinstance(body, Network):
+            raise InternalError(f"layer {layer.name!r} ({layer.kind}): attribute {name!r} is not a network")
+        if (len(body.inputs), len(body.outputs)) != want:
+            raise InternalError(f"layer {layer.name!r} ({layer.kind}): body {name!r} has {len(body.inputs)} inputs "
+                                f"and {len(body.outputs)} outputs, expected {want[0]} and {want[1]}")
+        body.verify()
+
+
+def run_body(body: Network, inputs: list[Any], device: torch.device) -> list[Any]:
+    from kiln.runtime.context import run_network  # the runtime imports the kinds: import at call time
+
+    return run_network(body, inputs, device)
+
+
+def empty_stack(body: Network, output: int, device: torch.device) -> torch.Tensor:
+    """The stack of zero iterations of a body output: [0, *element shape] where that shape is known, else [0]."""
+    t = body.tensors[body.outputs[output]]
+    shape = t.shape if t.is_static else ()
+    return torch.empty((0, *shape), dtype=t.dtype.torch, device=device)
+
+
+@kind("If")
+def if_(inputs, attrs):
+    cond, captured = inputs[0], inputs[1:]
+    branch = attrs["then_branch"] if bool(cond.reshape(-1)[0]) else attrs["else_branch"]
+    return run_body(branch, captured, cond.device)
+
+
+@kind("Loop")
+def loop(inputs, attrs):
+    """ONNX Loop: run while iteration < M and cond; carried values feed back, scan outputs stack on a new axis 0."""
+    body, captures = attrs["body"], attrs["captures"]
+    trip, cond = inputs[0], inputs[1]
+    n = len(inputs) - 2 - captures
+    carried, captured = list(inputs[2:2 + n]), inputs[2 + n:]
+    device = (trip if trip is not None else cond).device
+    limit = None if trip is None else int(trip.reshape(-1)[0])
+    going = True if cond is None else bool(cond.reshape(-1)[0])
+    scans, i = [], 0
+    while going and (limit is None or i < limit):
+        counter = torch.tensor(i, dtype=torch.int64, device=device)
+        outs = run_body(body, [counter, torch.tensor(going, device=device), *carried, *captured], device)
+        going, carried = bool(outs[0].reshape(-1)[0]), outs[1:1 + n]
+        scans.append(outs[1 + n:])
+        i += 1
+    k = len(body.outputs) - 1 - n
+    return [*carried, *(torch.stack([s[j] for s in scans]) if scans else empty_stack(body, 1 + n + j, device)
+                        for j in range(k))]
+
+
+@kind("Scan")
+def scan(inputs, attrs):
+    """ONNX Scan (opset 9+ attributes); `batched` (opset 8) scans each index of axis 0 separately."""
+    if not attrs["batched"]:
+        return _scan(inputs, attrs)
+    count = len(inputs) - attrs["captures"]
+    per_batch = [_scan([v[b] for v in inputs[:count]] + inputs[count:], attrs) for b in range(inputs[0].shape[0])]
+    return [torch.stack(list(values)) for values in zip(*per_batch)]
+
+
+def _scan(inputs, attrs):
+    body, captures, m = attrs["body"], attrs["captures"], attrs["num_scan_inputs"]
+    n = len(inputs) - captures - m
+    states, captured = list(inputs[:n]), inputs[n + m:]
+    xs = [x.movedim(axis, 0) for x, axis in zip(inputs[n:n + m], attrs["scan_input_axes"])]
+    xs = [x.flip(0) if reverse else x for x, reverse in zip(xs, attrs["scan_input_directions"])]
+    steps = xs[0].shape[0]
+    if any(x.shape[0] != steps for x in xs):
+        raise ValueError(f"scan inputs have different lengths along their scan axes: {[x.shape[0] for x in xs]}")
+    collected = []
+    for t in range(steps):
+        outs = run_body(body, [*states, *(x[t] for x in xs), *captured], xs[0].device)
+        states = outs[:n]
+        collected.append(outs[n:])
+    ys = []
+    for j, (axis, reverse) in enumerate(zip(attrs["scan_output_axes"], attrs["scan_output_directions"])):
+        parts = [c[j] for c in collected][::-1 if reverse else 1]
+        y = torch.stack(parts) if parts else empty_stack(body, n + j, xs[0].device)
+        ys.append(y.movedim(0, axis))
+    return [*states, *ys]

@@ -1,15 +1,96 @@
-"""An execution context: runs an engine's layers on its device, one context per thread or stream."""
+"""An execution context: runs an engine's layers on its device, one context per thread or stream.
+
+`run_layers` is the one executor: engines run their network through it, and control-flow
+references (If, Loop, Scan, SequenceMap) run their bodies through it via `run_network`.
+Runtime values are torch tensors, numpy object arrays (strings), lists (sequences) and None
+(empty optionals); only torch tensors are moved or converted.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 from kiln.errors import InputError, InternalError, KilnError
-from kiln.ir.dtype import to_numpy
+from kiln.ir import Layer, Network, Tensor
+from kiln.ir.dtype import DType, to_numpy
 from kiln.kinds import run_reference
-from kiln.runtime.io import check_feeds
+from kiln.runtime.io import as_torch, check_feeds
+
+Failure = Callable[[Layer, Exception], Exception]
+
+
+def run_layers(net: Network, values: dict[str, Any], fail: Failure,
+               release: list[list[str]] | None = None, keep: set[str] = frozenset()) -> None:
+    """Run `net`'s layers in order over `values` (updated in place); `fail` turns a layer's error into ours."""
+    for step, layer in enumerate(net.layers):
+        try:
+            outs = run_reference(layer.kind, [values[n] if n else None for n in layer.inputs], layer.attrs)
+        except KilnError:
+            raise
+        except (RuntimeError, ValueError, IndexError) as e:
+            raise fail(layer, e) from e
+        for name, value in zip(layer.outputs, outs):
+            if name:
+                values[name] = value
+        for name in release[step] if release else ():
+            if name not in keep:
+                values.pop(name, None)
+
+
+def run_network(net: Network, inputs: list[Any], device: torch.device) -> list[Any]:
+    """Run a control-flow body on `device`: bind `inputs` to its inputs in order, return its outputs in order."""
+    values = {k: to_device(v, device) for k, v in net.constants.items()}
+    values.update(zip(net.inputs, inputs))
+    run_layers(net, values, _body_failure)
+    return [values[n] for n in net.outputs]
+
+
+def _body_failure(layer: Layer, e: Exception) -> Exception:
+    """Re-raised as a RuntimeError so that the enclosing layer's handler names both layers."""
+    return RuntimeError(f"in body layer {layer.name!r} ({layer.kind}): {_first_line(e)}")
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def to_device(value: Any, device: torch.device | str) -> Any:
+    """Move torch tensors (also inside sequences) to `device`; strings and None stay where they are."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device == torch.device(device) else value.to(device, non_blocking=True)
+    if isinstance(value, list):
+        return [to_device(v, device) for v in value]
+    return value
+
+
+def to_host(value: Any) -> Any:
+    """Runtime value → numpy side: tensors become numpy arrays, sequences lists of them."""
+    if isinstance(value, torch.Tensor):
+        return to_numpy(value)
+    if isinstance(value, list):
+        return [to_host(v) for v in value]
+    return value
+
+
+def _feed_value(t: Tensor, value: Any) -> tuple[Any, bool]:
+    """(runtime value, was_numpy) for a sequence or optional input, checked against its declared type."""
+    if t.kind.startswith("optional") and value is None:
+        return None, False
+    if t.kind in ("sequence", "optional_sequence"):
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"input {t.name!r}: expected a list of arrays (a sequence), got {type(value).__name__}")
+        pairs = [_feed_element(t, v) for v in value]
+        return [v for v, _ in pairs], any(n for _, n in pairs)
+    return _feed_element(t, value)
+
+
+def _feed_element(t: Tensor, value: Any) -> tuple[Any, bool]:
+    v, was_numpy = as_torch(t.name, value)
+    if DType.from_torch(v.dtype) != t.dtype:
+        raise InputError(f"input {t.name!r}: expected elements of dtype {t.dtype}, got {v.dtype}")
+    return v, was_numpy
 
 
 class ExecutionContext:
@@ -17,40 +98,35 @@ class ExecutionContext:
 
     def __init__(self, engine):
         self.engine = engine
-        self._steps = [(layer, run_reference, [i or None for i in layer.inputs]) for layer in engine.network.layers]
 
     def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None) -> dict[str, Any]:
         """Run the engine. numpy in → numpy out; torch or DLPack in → torch out (on the engine's device).
 
         `keep` names extra intermediate tensors to return as well (for debugging and `compare --mark-all`).
+        Sequence inputs are lists of arrays, optional inputs an array or None.
         """
         engine = self.engine
         net = engine.network
-        tensors, as_numpy = check_feeds(feeds, [net.tensors[n] for n in net.inputs], engine.config.profiles)
+        other = [net.tensors[n] for n in net.inputs if net.tensors[n].kind != "tensor"]
+        plain = {k: v for k, v in feeds.items() if k not in {t.name for t in other}}
+        tensors, as_numpy = check_feeds(plain, [net.tensors[n] for n in net.inputs if net.tensors[n].kind == "tensor"],
+                                        engine.config.profiles)
+        for t in other:
+            if t.name not in feeds:
+                raise InputError(f"wrong inputs: missing [{t.name!r}]; the engine expects {net.inputs}")
+            tensors[t.name], was_numpy = _feed_value(t, feeds[t.name])
+            as_numpy |= was_numpy
         dev = engine.device.torch_device
-        values: dict[str, torch.Tensor] = dict(engine.weights)
-        for k, v in tensors.items():
-            values[k] = v.to(dev, non_blocking=True) if v.device.type != dev else v
+        values: dict[str, Any] = dict(engine.weights)
+        values.update({k: to_device(v, dev) for k, v in tensors.items()})
         keep = set(keep or ())
-        release = engine.memory_plan.release
         with torch.inference_mode():
-            for step, (layer, ref, names) in enumerate(self._steps):
-                try:
-                    outs = ref(layer.kind, [values[n] if n else None for n in names], layer.attrs)
-                except KilnError:
-                    raise
-                except (RuntimeError, ValueError, IndexError) as e:
-                    if engine.has_dynamic_inputs:
-                        raise InputError(f"layer {layer.name!r} ({layer.kind}) failed on these input shapes: "
-                                         f"{str(e).splitlines()[0]}; check the shapes agree with each other") from e
-                    raise InternalError(f"layer {layer.name!r} ({layer.kind}) failed: {e}") from e
-                for name, value in zip(layer.outputs, outs):
-                    if name:
-                        values[name] = value
-                for name in release[step]:
-                    if name not in keep:
-                        values.pop(name, None)
+            run_layers(net, values, self._failure, engine.memory_plan.release, keep)
         result = {n: values[n] for n in list(net.outputs) + sorted(keep - set(net.outputs))}
-        if as_numpy:
-            return {n: to_numpy(v) for n, v in result.items()}
-        return result
+        return {n: to_host(v) for n, v in result.items()} if as_numpy else result
+
+    def _failure(self, layer: Layer, e: Exception) -> Exception:
+        if self.engine.has_dynamic_inputs:
+            return InputError(f"layer {layer.name!r} ({layer.kind}) failed on these input shapes: "
+                              f"{_first_line(e)}; check the shapes agree with each other")
+        return InternalError(f"layer {layer.name!r} ({layer.kind}) failed: {e}")

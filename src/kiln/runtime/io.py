@@ -8,18 +8,32 @@ import numpy as np
 import torch
 
 from kiln.config import Profile
-from kiln.errors import InputError
+from kiln.errors import InputError, ModelError
 from kiln.ir import DType, Tensor
 from kiln.ir.dtype import to_torch
 
 
-def as_torch(name: str, value: Any) -> tuple[torch.Tensor, bool]:
-    """(tensor, was_numpy) for a numpy array, torch tensor or DLPack object; no copy where possible."""
+# numpy dtypes torch.from_numpy takes as they are; others (ml_dtypes, strings) go through to_torch
+_TORCH_NATIVE = {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                 "float16", "float32", "float64", "complex64", "complex128"}
+
+
+def as_torch(name: str, value: Any) -> tuple[torch.Tensor | np.ndarray, bool]:
+    """(runtime value, was_numpy) for a numpy array, torch tensor or DLPack object; no copy where possible.
+
+    ml_dtypes arrays (bf16, fp8, fp4, int4, ...) are converted as `to_torch` does; string arrays stay
+    numpy object arrays, kiln's runtime form of STRING tensors.
+    """
     if isinstance(value, torch.Tensor):
         return value, False
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
     if isinstance(value, np.ndarray):
-        if value.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") or not value.flags.writeable:
-            return to_torch(value), True
+        if value.dtype.name not in _TORCH_NATIVE or not value.flags.writeable:
+            try:
+                return to_torch(value), True
+            except ModelError as e:
+                raise InputError(f"input {name!r}: {e}") from None
         return torch.from_numpy(np.ascontiguousarray(value) if value.ndim else value), True
     if hasattr(value, "__dlpack__"):
         return torch.from_dlpack(value), False
@@ -44,9 +58,12 @@ def check_feeds(feeds: Mapping[str, Any], inputs: list[Tensor], profiles: tuple[
     for t in inputs:
         value, was_numpy = as_torch(t.name, feeds[t.name])
         any_numpy |= was_numpy
-        got = DType.from_torch(value.dtype) if value.dtype != torch.complex64 else None
+        try:
+            got = DType.from_torch(value.dtype)
+        except ModelError:
+            got = value.dtype
         if got != t.dtype:
-            raise InputError(f"input {t.name!r}: expected dtype {t.dtype}, got {got or value.dtype}")
+            raise InputError(f"input {t.name!r}: expected dtype {t.dtype}, got {got}")
         shape = tuple(value.shape)
         if t.shape is not None:
             if len(shape) != len(t.shape):

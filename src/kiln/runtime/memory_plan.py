@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.ir import Network
+from kiln.ir import DType, Network
 
 ALIGN = 256
 
@@ -43,12 +43,15 @@ def plan_memory(net: Network) -> MemoryPlan:
 
 
 def _assign_offsets(net, plan, born, last, keep) -> None:
-    """First-fit offsets over lifetimes; skipped (arena_bytes None) when any activation shape is dynamic."""
+    """First-fit offsets over lifetimes; skipped (arena_bytes None) when any activation shape is dynamic.
+
+    Host-side values (sequences, optionals, strings) live outside the arena and take no offset.
+    """
     sizes = {}
     for name in born:
-        if name in keep:
-            continue
         t = net.tensors.get(name)
+        if name in keep or (t is not None and (t.kind != "tensor" or t.dtype is DType.STRING)):
+            continue
         if t is None or not t.is_static:
             return
         n = t.dtype.itemsize

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from kiln.errors import ModelError, ResourceLimitError, UnsupportedOpError
+from kiln.errors import ModelError, ResourceLimitError, ShapeError, UnsupportedOpError
 from kiln.frontend.onnx.external_data import external_tensors, load_external_data
 from kiln.frontend.onnx.limits import PROTOBUF_LIMIT, ModelLimits
 
@@ -50,19 +50,37 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
     validate_fields(proto, source)
     check_caps(proto, limits)
     check_ops_supported(proto)
+    if any(True for _ in external_tensors(proto)):
+        load_external_data(proto, base, limits.max_file_bytes)
     try:
         onnx.checker.check_model(proto)
     except (onnx.checker.ValidationError, Exception) as e:  # checker raises several types
         raise ModelError(f"{source} failed ONNX validation: {_first_line(e)}") from None
-    if any(True for _ in external_tensors(proto)):
-        load_external_data(proto, base, limits.max_file_bytes)
     if input_shapes:
         set_input_shapes(proto, input_shapes)
+    proto = infer_shapes(proto, source)
+    check_caps(proto, limits)  # again, now with every inferred intermediate shape
+    return LoadedModel(proto, digest, source)
+
+
+def infer_shapes(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    """ONNX shape inference in strict mode: shapes that cannot match are a ShapeError naming the node."""
     try:
-        proto = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as e:
+        if str(e).count("Inference error(s)") > 1:  # inside a function body's expansion: onnx's limit, not ours
+            return _infer_lenient(proto, source)
+        raise ShapeError(f"{source}: shapes in the model cannot match: {_first_line(e)}; "
+                         "check the node's input shapes (or the shapes given with --shapes)") from None
     except Exception as e:
         raise ModelError(f"{source}: shape inference failed: {_first_line(e)}") from None
-    return LoadedModel(proto, digest, source)
+
+
+def _infer_lenient(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:
+        raise ModelError(f"{source}: shape inference failed: {_first_line(e)}") from None
 
 
 def set_input_shapes(proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -156,17 +174,24 @@ def check_ops_supported(proto: onnx.ModelProto) -> None:
     from kiln.frontend.onnx.registry import lookup
 
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
-    for index, node in enumerate(proto.graph.node):
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        label = node.name or f"{node.op_type}_{index}"
-        if domain not in opsets:
-            raise ModelError(f"node {label!r} ({node.op_type}) uses domain {domain!r}, which the model "
-                             "does not import (opset_import)")
-        if lookup(domain, node.op_type, opsets[domain]) is None:
-            raise UnsupportedOpError(
-                f"node {label!r}: op {node.op_type!r} of domain {domain or 'ai.onnx'!r} at opset "
-                f"{opsets[domain]} is not supported by kiln; run `kiln inspect model.onnx` to list "
-                "unsupported ops, replace the op in the exporter, or supply it as a kiln plugin")
+
+    def walk(graph: onnx.GraphProto, where: str) -> None:
+        for index, node in enumerate(graph.node):
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            label = node.name or f"{node.op_type}_{index}"
+            if domain not in opsets:
+                raise ModelError(f"node {label!r}{where} ({node.op_type}) uses domain {domain!r}, which the model "
+                                 "does not import (opset_import)")
+            if lookup(domain, node.op_type, opsets[domain]) is None:
+                raise UnsupportedOpError(
+                    f"node {label!r}{where}: op {node.op_type!r} of domain {domain or 'ai.onnx'!r} at opset "
+                    f"{opsets[domain]} is not supported by kiln; run `kiln inspect model.onnx` to list "
+                    "unsupported ops, replace the op in the exporter, or supply it as a kiln plugin")
+            for a in node.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(g, f" in subgraph {a.name!r} of node {label!r}{where}")
+
+    walk(proto.graph, "")
 
 
 def _first_line(e: Exception) -> str:

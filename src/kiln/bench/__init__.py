@@ -1,0 +1,5 @@
+"""Latency measurement: warm-up, timed iterations (CUDA events on a GPU, perf_counter on the CPU), statistics."""
+
+from kiln.bench.timer import DEFAULT_DURATION_S, DEFAULT_ITERATIONS, LatencyStats, measure
+
+__all__ = ["DEFAULT_DURATION_S", "DEFAULT_ITERATIONS", "LatencyStats", "measure"]

@@ -1,0 +1,1 @@
+"""The `kiln` command line: build, run, inspect, bench, demo and conformance."""

@@ -1,0 +1,38 @@
+"""The `kiln` command: one sub-command per module of this package."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kiln.cli import bench, build, conformance, demo, inspect, run
+from kiln.version import __version__
+
+app = typer.Typer(name="kiln", help="kiln: ONNX models in, fast device-tuned engines out.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+app.command("build")(build.build)
+app.command("run")(run.run)
+app.command("inspect")(inspect.inspect)
+app.command("bench")(bench.bench)
+app.command("demo")(demo.demo)
+app.command("conformance")(conformance.conformance)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import onnx
+        import torch
+
+        typer.echo(f"kiln {__version__} (torch {torch.__version__}, onnx {onnx.__version__})")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print kiln's version and exit.")] = False) -> None:
+    """kiln: ONNX models in, fast device-tuned engines out."""
+
+
+def main() -> None:
+    app(prog_name="kiln")

@@ -1,0 +1,114 @@
+"""`kiln build MODEL.onnx -o MODEL.plan`: build an engine, show progress and a build summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+import kiln
+from kiln.cli.errors import command
+from kiln.cli.options import Device, Json, Shapes, Verbose, parse_shapes
+from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, stdout
+from kiln.config import Profile, ShapeRange
+from kiln.errors import ConfigError
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
+
+
+def _flag(name: str, what: str):
+    return Annotated[bool, typer.Option(f"--{name}", help=what)]
+
+
+def profile_from(shapes: dict, min_shapes: dict, opt_shapes: dict, max_shapes: dict) -> tuple[Profile, ...]:
+    """One optimization profile: --shapes fix inputs, --min/--max-shapes (and --opt-shapes, default max) range them."""
+    if set(min_shapes) != set(max_shapes) or not set(opt_shapes) <= set(min_shapes):
+        raise ConfigError("--min-shapes and --max-shapes must name the same inputs, and --opt-shapes only those")
+    both = sorted(set(shapes) & set(min_shapes))
+    if both:
+        raise ConfigError(f"{both} given both in --shapes and in --min/--max-shapes; use one of them per input")
+    profile = {n: ShapeRange(min_shapes[n], opt_shapes.get(n, max_shapes[n]), max_shapes[n]) for n in min_shapes}
+    profile.update({n: ShapeRange.fixed(s) for n, s in shapes.items()})
+    return (profile,) if profile else ()
+
+
+def parse_layer_precisions(specs: list[str] | None) -> dict[str, str]:
+    """`["conv1=fp32"]` → `{"conv1": "fp32"}`."""
+    out = {}
+    for spec in specs or ():
+        name, sep, precision = spec.rpartition("=")
+        if not sep or not name or precision not in PRECISIONS:
+            raise ConfigError(f"--layer-precision {spec!r} is not NAME=PRECISION with PRECISION one of "
+                              f"{', '.join(PRECISIONS)}; e.g. --layer-precision conv1=fp32")
+        out[name] = precision
+    return out
+
+
+def summary(engine: kiln.Engine, plan: Path) -> dict:
+    """What the build did, for the table and --json."""
+    info = engine.build_info
+    return {"plan": str(plan), "plan_bytes": plan.stat().st_size, "device": engine.device.name,
+            "backend": engine.device.backend, "onnx_nodes": info.get("onnx_nodes"),
+            "imported_layers": info.get("imported_layers"), "layers": info.get("layers"),
+            "passes": info.get("passes", {}), "weight_bytes": engine.network.weight_bytes(),
+            "arena_bytes": engine.memory_plan.arena_bytes, "stage_seconds": info.get("stage_seconds", {}),
+            "build_seconds": info.get("build_seconds"), "notes": info.get("notes", [])}
+
+
+def print_summary(s: dict) -> None:
+    passes = ", ".join(f"{name} ×{n}" for name, n in s["passes"].items()) or "none changed the network"
+    rows = [("plan", f"{s['plan']} ({fmt_bytes(s['plan_bytes'])})"), ("device", f"{s['backend']}: {s['device']}"),
+            ("ONNX nodes → layers", f"{s['onnx_nodes']} → {s['layers']} (imported as {s['imported_layers']})"),
+            ("passes applied", passes), ("weights", fmt_bytes(s["weight_bytes"])),
+            ("activation arena", fmt_bytes(s["arena_bytes"]) if s["arena_bytes"] is not None
+             else "sized at run time (dynamic shapes)")]
+    rows += [(f"time: {stage}", f"{sec:.3f} s") for stage, sec in s["stage_seconds"].items()]
+    rows.append(("time: total", f"{s['build_seconds']:.3f} s"))
+    rows += [("note", note) for note in s["notes"]]
+    stdout().print(key_values("Build summary", rows))
+
+
+@command
+def build(
+    model: Annotated[Path, typer.Argument(help="The ONNX model to build.", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Plan file to write [default: MODEL.plan]")
+                      ] = None,
+    fp16: _flag("fp16", "Allow fp16 kernels.") = False,
+    bf16: _flag("bf16", "Allow bf16 kernels.") = False,
+    int8: _flag("int8", "Allow int8 kernels (explicit Q/DQ or calibration).") = False,
+    fp8: _flag("fp8", "Allow fp8 kernels.") = False,
+    tf32: _flag("tf32", "Allow tf32 matmuls and convolutions.") = False,
+    shapes: Shapes = None,
+    min_shapes: Annotated[Optional[list[str]], typer.Option("--min-shapes", help="Smallest input shapes.")] = None,
+    opt_shapes: Annotated[Optional[list[str]], typer.Option(
+        "--opt-shapes", help="Shapes to tune for [default: the max shapes].")] = None,
+    max_shapes: Annotated[Optional[list[str]], typer.Option("--max-shapes", help="Largest input shapes.")] = None,
+    timing_cache: Annotated[Optional[Path], typer.Option("--timing-cache", help="Timing cache file to reuse.")
+                            ] = None,
+    opt_level: Annotated[int, typer.Option("--opt-level", help="Tuning effort, 0..5.")] = 3,
+    device: Device = "auto",
+    layer_precision: Annotated[Optional[list[str]], typer.Option(
+        "--layer-precision", help="Pin a layer's precision, NAME=fp32; repeatable.")] = None,
+    verbose: Verbose = False,
+    as_json: Json = False,
+) -> None:
+    """Build an engine from an ONNX model and save it as a plan file."""
+    plan = output or model.with_suffix(".plan")
+    if plan.resolve() == model.resolve():
+        raise ConfigError(f"the plan would overwrite the model {model}; name another file with -o")
+    if not plan.parent.is_dir():
+        raise ConfigError(f"folder {plan.parent} for the plan does not exist; create it first")
+    profiles = profile_from(parse_shapes(shapes), parse_shapes(min_shapes, "--min-shapes"),
+                            parse_shapes(opt_shapes, "--opt-shapes"), parse_shapes(max_shapes, "--max-shapes"))
+    config = kiln.BuildConfig(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, profiles=profiles,
+                              timing_cache=str(timing_cache) if timing_cache else None, opt_level=opt_level,
+                              device=device, layer_precisions=parse_layer_precisions(layer_precision))
+    with build_progress(f"building {model.name}") as progress:
+        engine = kiln.build(model, config, progress=progress)
+    engine.save(plan)
+    s = summary(engine, plan)
+    if as_json:
+        print_json(s)
+    else:
+        print_summary(s)

@@ -1,0 +1,41 @@
+"""Options several commands share, and the parsing of their values into kiln's types."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kiln.errors import ConfigError
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks of errors and more detail.")]
+Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
+Shapes = Annotated[Optional[list[str]], typer.Option(
+    "--shapes", help="Input shapes, name:1x3x224x224[,name2:...]; repeatable.")]
+Device = Annotated[str, typer.Option("--device", help="auto (the best device present), cpu or cuda.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs made when none are given.")]
+ModelPath = Annotated[Path, typer.Argument(help="A plan file, or an .onnx model to build on the fly.",
+                                           show_default=False)]
+
+_DIMS = re.compile(r"^\d+(x\d+)*$")
+
+
+def parse_shapes(specs: list[str] | None, option: str = "--shapes") -> dict[str, tuple[int, ...]]:
+    """`["x:1x3x8x8,y:2"]` → `{"x": (1, 3, 8, 8), "y": (2,)}`; an empty shape after the colon is a scalar."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs or ():
+        for item in spec.split(","):
+            name, sep, dims = item.strip().rpartition(":")
+            if not sep or not name or not (dims == "" or _DIMS.match(dims)):
+                raise ConfigError(f"{option} {item.strip()!r} is not name:DIMS; write e.g. input:1x3x224x224 "
+                                  "(several inputs separated by commas)")
+            if name in shapes:
+                raise ConfigError(f"{option} gives input {name!r} twice")
+            shapes[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
+    return shapes
+
+
+def is_onnx(path: Path) -> bool:
+    return path.suffix.lower() == ".onnx"

@@ -1,0 +1,58 @@
+"""`kiln run PLAN --input name=x.npy --output-dir out/`: one inference, outputs summarized and optionally saved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from kiln.cli.errors import command
+from kiln.cli.inputs import load_inputs, open_engine, random_feeds, save_outputs
+from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, parse_shapes
+from kiln.cli.output import add_row, print_json, stdout
+
+
+def describe(value: np.ndarray) -> dict:
+    """Shape, dtype and value range of one output (range empty for an empty array)."""
+    d = {"shape": list(value.shape), "dtype": str(value.dtype)}
+    if value.size and (value.dtype.kind in "biuf" or value.dtype.name.startswith(("bfloat", "float8"))):
+        as_f64 = value.astype(np.float64)
+        d.update(min=float(as_f64.min()), max=float(as_f64.max()), mean=float(as_f64.mean()))
+    return d
+
+
+@command
+def run(
+    model: ModelPath,
+    input: Annotated[Optional[list[str]], typer.Option(
+        "--input", "-i", help="name=file.npy for one input, or file.npz for all; repeatable. "
+                              "Random inputs when none is given.")] = None,
+    output_dir: Annotated[Optional[Path], typer.Option(
+        "--output-dir", "-o", help="Folder to write one NAME.npy per output into.")] = None,
+    shapes: Shapes = None,
+    seed: Seed = 0,
+    device: Device = "auto",
+    verbose: Verbose = False,
+    as_json: Json = False,
+) -> None:
+    """Run an engine once on the given (or random) inputs and summarize its outputs."""
+    shape_map = parse_shapes(shapes)
+    engine = open_engine(model, shape_map, device)
+    feeds = load_inputs(input) if input else random_feeds(engine, shape_map, seed)
+    outputs = engine.create_context().run(feeds)
+    files = save_outputs(outputs, output_dir) if output_dir else {}
+    rows = {name: dict(describe(value), file=str(files[name]) if name in files else None)
+            for name, value in outputs.items()}
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title="Outputs", title_justify="left")
+    for col in ("output", "shape", "dtype", "min", "max", "mean", "file"):
+        table.add_column(col, overflow="fold")
+    for name, r in rows.items():
+        stats = [f"{r[k]:.6g}" if k in r else "-" for k in ("min", "max", "mean")]
+        add_row(table, name, "x".join(map(str, r["shape"])) or "scalar", r["dtype"], *stats, r["file"] or "")
+    stdout().print(table)

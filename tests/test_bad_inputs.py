@@ -1,0 +1,301 @@
+"""Bad inputs 1–15 of shared/reference/bad-inputs.md: each gets a clear KilnError, never a crash or a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle  # only to craft a hostile file in a test; kiln itself never imports pickle
+import struct
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from onnx import TensorProto as T, helper, numpy_helper
+
+import kiln
+from kiln.engine import plan as planfile
+from kiln.errors import (EngineCompatibilityError, KilnError, ModelError, PlanError, ResourceLimitError,
+                         SecurityError, ShapeError, UnsupportedOpError)
+
+
+def _model(nodes=None, inputs=None, outputs=None, inits=(), opset=17, **kw):
+    nodes = nodes or [helper.make_node("Relu", ["x"], ["y"], name="relu0")]
+    inputs = inputs or [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])]
+    outputs = outputs or [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])]
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], **kw)
+
+
+def _build(model):
+    return kiln.build(model, kiln.BuildConfig(device="cpu"))
+
+
+# 1 ------------------------------------------------------------------------------------------
+def test_1_garbage_and_truncated_bytes(tmp_path):
+    p = tmp_path / "m.onnx"
+    p.write_bytes(b"\x00\xffnot a model at all\x12\x99")
+    with pytest.raises(ModelError, match="not a valid ONNX model"):
+        _build(p)
+    good = _model().SerializeToString()
+    p.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ModelError):
+        _build(p)
+    p.write_bytes(b"")
+    with pytest.raises(ModelError, match="empty|not a valid"):
+        _build(p)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512), st.integers(0, 400), st.integers(0, 255))
+def test_1_fuzz_bytes_and_mutations(data, pos, byte):
+    """Random bytes, and single-byte mutations of a valid model: only KilnError ever comes out."""
+    for blob in (data, _mutate(_model().SerializeToString(), pos, byte)):
+        try:
+            _build(blob)
+        except KilnError:
+            pass
+
+
+def _mutate(blob: bytes, pos: int, byte: int) -> bytes:
+    pos %= len(blob)
+    return blob[:pos] + bytes([byte]) + blob[pos + 1:]
+
+
+# 2 ------------------------------------------------------------------------------------------
+def test_2_missing_fields():
+    m = _model()
+    m.ClearField("graph")
+    with pytest.raises(ModelError, match="graph"):
+        _build(m)
+    m = _model()
+    m.ir_version = 0
+    with pytest.raises(ModelError, match="ir_version"):
+        _build(m)
+    m = _model()
+    del m.opset_import[:]
+    with pytest.raises(ModelError, match="opset_import"):
+        _build(m)
+
+
+# 3 ------------------------------------------------------------------------------------------
+def test_3_dangling_input_and_cycle():
+    m = _model([helper.make_node("Add", ["x", "ghost"], ["y"], name="adder")])
+    with pytest.raises(ModelError, match="adder|ghost"):
+        _build(m)
+    cyc = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
+           helper.make_node("Relu", ["a"], ["y"], name="n3")]
+    with pytest.raises(ModelError, match="n1|n2|cycle|topolog"):
+        _build(_model(cyc))
+
+
+# 4 ------------------------------------------------------------------------------------------
+def test_4_unknown_op_and_newer_opset():
+    m = _model([helper.make_node("FancyOp", ["x"], ["y"], name="fancy0", domain="com.acme")])
+    m.opset_import.append(helper.make_opsetid("com.acme", 3))
+    with pytest.raises(UnsupportedOpError) as e:
+        _build(m)
+    assert all(s in str(e.value) for s in ("fancy0", "FancyOp", "com.acme", "3", "plugin"))
+    m = _model(opset=onnx.defs.onnx_opset_version() + 1)
+    with pytest.raises(UnsupportedOpError, match="opset"):
+        _build(m)
+
+
+# 5 ------------------------------------------------------------------------------------------
+def test_5_bad_attribute_and_input_count():
+    bad_attr = helper.make_node("LeakyRelu", ["x"], ["y"], name="leaky0")
+    bad_attr.attribute.append(helper.make_attribute("alpha", "not a float"))
+    with pytest.raises(ModelError, match="leaky0|alpha|LeakyRelu"):
+        _build(_model([bad_attr]))
+    with pytest.raises(ModelError, match="adder3|Add|input"):
+        _build(_model([helper.make_node("Add", ["x", "x", "x"], ["y"], name="adder3")]))
+
+
+# 6 ------------------------------------------------------------------------------------------
+def test_6_shapes_that_cannot_match():
+    w = numpy_helper.from_array(np.ones((4, 5), np.float32), "w")
+    mm = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm0")], inits=[w],
+                outputs=[helper.make_tensor_value_info("y", T.FLOAT, [2, 5])])
+    with pytest.raises(ShapeError, match="mm0|MatMul"):
+        _build(mm)
+    k = numpy_helper.from_array(np.ones((1, 2, 3, 3, 3), np.float32), "k")
+    conv = _model([helper.make_node("Conv", ["x", "k"], ["y"], name="conv0")], inits=[k],
+                  inputs=[helper.make_tensor_value_info("x", T.FLOAT, [1, 2, 8, 8])],
+                  outputs=[helper.make_tensor_value_info("y", T.FLOAT, [1, 1, 6, 6])])
+    with pytest.raises(ShapeError, match="conv0|Conv"):
+        _build(conv)
+
+
+# 7 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand"])
+def test_7_enormous_shapes_rejected_before_allocating(op):
+    shape = numpy_helper.from_array(np.array([2**62, 4], np.int64), "s")
+    if op == "ConstantOfShape":
+        nodes = [helper.make_node("ConstantOfShape", ["s"], ["big"], name="cos0")]
+        inputs = [helper.make_tensor_value_info("x", T.FLOAT, [1])]
+    else:
+        nodes = [helper.make_node("Expand", ["x", "s"], ["big"], name="exp0")]
+        inputs = [helper.make_tensor_value_info("x", T.FLOAT, [1, 1])]
+    nodes.append(helper.make_node("ReduceSum", ["big"], ["y"], name="sum0", keepdims=0))
+    m = _model(nodes, inputs=inputs, outputs=[helper.make_tensor_value_info("y", T.FLOAT, [])], inits=[shape])
+    with pytest.raises(ResourceLimitError):
+        _build(m)
+
+
+def test_7_declared_dims_overflow():
+    m = _model(inputs=[helper.make_tensor_value_info("x", T.FLOAT, [2**40, 2**40])],
+               outputs=[helper.make_tensor_value_info("y", T.FLOAT, [2**40, 2**40])])
+    with pytest.raises(ResourceLimitError):
+        _build(m)
+
+
+# 8 ------------------------------------------------------------------------------------------
+def test_8_huge_rank_and_deep_nesting():
+    m = _model(inputs=[helper.make_tensor_value_info("x", T.FLOAT, [1] * 5000)],
+               outputs=[helper.make_tensor_value_info("y", T.FLOAT, [1] * 5000)])
+    with pytest.raises(ResourceLimitError, match="rank"):
+        _build(m)
+    leaf = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "b", [],
+                             [helper.make_tensor_value_info("z", T.FLOAT, [2, 3])])
+    body = leaf
+    for depth in range(20):  # protobuf itself refuses nesting past ~100 message levels
+        node = helper.make_node("If", ["c"], ["z"], name=f"if{depth}", then_branch=body, else_branch=leaf)
+        body = helper.make_graph([node], f"b{depth}", [], [helper.make_tensor_value_info("z", T.FLOAT, [2, 3])])
+    top = helper.make_node("If", ["c"], ["y"], name="top", then_branch=body, else_branch=leaf)
+    m = _model([top], inputs=[helper.make_tensor_value_info("c", T.BOOL, []),
+                              helper.make_tensor_value_info("x", T.FLOAT, [2, 3])])
+    with pytest.raises(ResourceLimitError, match="nested"):
+        _build(m)
+
+
+# 9 ------------------------------------------------------------------------------------------
+def test_9_over_2gib_without_external_data(tmp_path):
+    p = tmp_path / "huge.onnx"
+    with open(p, "wb") as f:  # sparse: costs no disk
+        f.truncate(2**31 + 10)
+    with pytest.raises(ModelError, match="external data"):
+        _build(p)
+
+
+# 10, 11 --------------------------------------------------------------------------------------
+def _external_model(tmp_path, location: str, offset=0, length=24, extra=None):
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
+    w.ClearField("raw_data")
+    w.data_location = T.EXTERNAL
+    entries = {"location": location, "offset": str(offset), "length": str(length), **(extra or {})}
+    for k, v in entries.items():
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"], name="add0")], inits=[w])
+    path = tmp_path / "model" / "m.onnx"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+def _weights(path):
+    path.write_bytes(np.arange(6, dtype=np.float32).tobytes())
+    return path
+
+
+def test_10_external_data_ok_then_each_attack(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    _weights(model_dir / "w.bin")
+    x = np.ones((2, 3), np.float32)
+    y = _build(_external_model(tmp_path, "w.bin")).run({"x": x})["y"]
+    np.testing.assert_array_equal(y, x + np.arange(6, dtype=np.float32).reshape(2, 3))
+
+    secret = _weights(tmp_path / "secret.bin")
+    cases = {"../secret.bin": "'\\.\\.'", str(secret): "absolute"}
+    os.symlink(secret, model_dir / "link.bin")
+    cases["link.bin"] = "symbolic"
+    os.link(secret, model_dir / "hard.bin")
+    cases["hard.bin"] = "hard"
+    for location, why in cases.items():
+        with pytest.raises(SecurityError, match=why):
+            _build(_external_model(tmp_path, location))
+    with pytest.raises(SecurityError, match="range"):
+        _build(_external_model(tmp_path, "w.bin", offset=16, length=24))
+
+
+def test_11_unknown_external_data_keys_are_ignored(tmp_path):
+    (tmp_path / "model").mkdir()
+    _weights(tmp_path / "model" / "w.bin")
+    path = _external_model(tmp_path, "w.bin", extra={"basepath": "/etc", "exec": "rm -rf /"})
+    assert _build(path).run({"x": np.zeros((2, 3), np.float32)})["y"].sum() == 15
+
+
+# 12 ------------------------------------------------------------------------------------------
+def test_12_save_never_follows_symlinks(tmp_path):
+    engine = _build(_model())
+    target = tmp_path / "outside.txt"
+    target.write_text("keep me")
+    (tmp_path / "out").mkdir()
+    os.symlink(target, tmp_path / "out" / "m.plan")
+    with pytest.raises(SecurityError):
+        engine.save(tmp_path / "out" / "m.plan")
+    assert target.read_text() == "keep me"
+    with pytest.raises(PlanError, match="does not exist"):
+        engine.save(tmp_path / "missing_dir" / "m.plan")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["m.plan"]  # no temp files left
+
+
+# 13 ------------------------------------------------------------------------------------------
+def test_13_truncated_flipped_empty_plans(tmp_path):
+    p = tmp_path / "m.plan"
+    _build(_model()).save(p)
+    data = p.read_bytes()
+    for bad, why in [(b"", "empty|truncated"), (data[:-7], "truncated"), (data[:20], "truncated"),
+                     (data[:-3] + bytes([data[-3] ^ 0x40]) + data[-2:], "checksum")]:
+        p.write_bytes(bad)
+        with pytest.raises(PlanError, match=why):
+            kiln.load(p)
+
+
+# 14 ------------------------------------------------------------------------------------------
+def _rewrite_header(path, **changes):
+    data = path.read_bytes()
+    _, version, hlen = planfile.PREFIX.unpack(data[:planfile.PREFIX.size])
+    header = json.loads(data[planfile.PREFIX.size:planfile.PREFIX.size + hlen])
+    for k, v in changes.items():
+        header["device"][k] = v
+    h = json.dumps(header).encode()
+    path.write_bytes(planfile.PREFIX.pack(planfile.MAGIC, version, len(h)) + h + data[planfile.PREFIX.size + hlen:])
+
+
+def test_14_other_versions_strict_and_warn(tmp_path):
+    p = tmp_path / "m.plan"
+    _build(_model()).save(p)
+    _rewrite_header(p, kiln="0.0.1", torch="1.0.0")
+    with pytest.raises(EngineCompatibilityError) as e:
+        kiln.load(p)
+    assert "0.0.1" in str(e.value) and "1.0.0" in str(e.value) and "rebuild" in str(e.value)
+    with pytest.warns(UserWarning, match="0.0.1"):
+        engine = kiln.load(p, policy="warn")
+    assert engine.run({"x": -np.ones((2, 3), np.float32)})["y"].max() == 0
+    _rewrite_header(p, backend="cuda", name="NVIDIA H100 80GB HBM3")
+    if not __import__("torch").cuda.is_available():
+        with pytest.raises(EngineCompatibilityError, match="H100"):
+            kiln.load(p, policy="warn")
+
+
+# 15 ------------------------------------------------------------------------------------------
+def test_15_pickles_and_foreign_files_refused(tmp_path):
+    p = tmp_path / "evil.plan"
+    p.write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(PlanError, match="pickle"):
+        kiln.load(p)
+    p.write_bytes(b"PK\x03\x04" + b"\x00" * 100)  # a torch.save zip
+    with pytest.raises(PlanError, match="pickle|zip"):
+        kiln.load(p)
+    # a well-formed plan whose weights section is a pickle: refused, never unpickled
+    manifest = b"{}"
+    payload = struct.pack("<Q", len(manifest)) + manifest + pickle.dumps(os.system)
+    import hashlib
+
+    header = json.dumps({"payload_bytes": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest(),
+                         "device": {"backend": "cpu"}}).encode()
+    p.write_bytes(planfile.PREFIX.pack(planfile.MAGIC, planfile.FORMAT_VERSION, len(header)) + header + payload)
+    with pytest.raises(PlanError, match="safetensors|pickle"):
+        kiln.load(p)
