@@ -138,18 +138,18 @@ def test_scan8_batched():
     got = engine.run(feeds)
     acc = feeds["init"].copy()
     ys = np.zeros_like(feeds["xs"])
-    for t in reversed(range(4)):
+    for k, t in enumerate(reversed(range(4))):  # scan outputs are in iteration order
         acc = acc + feeds["xs"][:, t]
-        ys[:, t] = acc * feeds["xs"][:, t]
+        ys[:, k] = acc * feeds["xs"][:, t]
     np.testing.assert_allclose(got["final"], acc, rtol=1e-6)
     np.testing.assert_allclose(got["ys"], ys, rtol=1e-6)
 
 
 def test_loop_without_trip_count_or_condition_is_refused():
-    body = h.make_graph([h.make_node("Not", ["cond_in"], ["cond_out"])], "body",
-                        [vi("i", T.INT64, []), vi("cond_in", T.BOOL, [])], [vi("cond_out", T.BOOL, [])])
-    m = model([h.make_node("Loop", ["", ""], [], body=body), h.make_node("Neg", ["x"], ["y"])],
-              [vi("x", F, [1])], [vi("y", F, [1])])
+    body = h.make_graph([h.make_node("Not", ["cond_in"], ["cond_out"]), h.make_node("Neg", ["v"], ["v_out"])], "body",
+                        [vi("i", T.INT64, []), vi("cond_in", T.BOOL, []), vi("v", F, [1])],
+                        [vi("cond_out", T.BOOL, []), vi("v_out", F, [1])])
+    m = model([h.make_node("Loop", ["", "", "x"], ["y"], body=body)], [vi("x", F, [1])], [vi("y", F, [1])])
     with pytest.raises(UnsupportedOpError, match="never ends"):
         kiln.build(m, kiln.BuildConfig(device="cpu"))
 

@@ -16,9 +16,9 @@ from kiln.cli.output import add_row, print_json, stdout
 
 
 def describe(value: np.ndarray) -> dict:
-    """Shape, dtype and value range of one output (range empty for an empty array)."""
+    """Shape, dtype and value range of one output (no range for empty, text or complex arrays)."""
     d = {"shape": list(value.shape), "dtype": str(value.dtype)}
-    if value.size and (value.dtype.kind in "biuf" or value.dtype.name.startswith(("bfloat", "float8"))):
+    if value.size and value.dtype.kind not in "OUSc":  # ml_dtypes (bf16, fp8, int4) have kind V and cast to float
         as_f64 = value.astype(np.float64)
         d.update(min=float(as_f64.min()), max=float(as_f64.max()), mean=float(as_f64.mean()))
     return d
@@ -27,7 +27,7 @@ def describe(value: np.ndarray) -> dict:
 @command
 def run(
     model: ModelPath,
-    input: Annotated[Optional[list[str]], typer.Option(
+    inputs: Annotated[Optional[list[str]], typer.Option(
         "--input", "-i", help="name=file.npy for one input, or file.npz for all; repeatable. "
                               "Random inputs when none is given.")] = None,
     output_dir: Annotated[Optional[Path], typer.Option(
@@ -41,7 +41,7 @@ def run(
     """Run an engine once on the given (or random) inputs and summarize its outputs."""
     shape_map = parse_shapes(shapes)
     engine = open_engine(model, shape_map, device)
-    feeds = load_inputs(input) if input else random_feeds(engine, shape_map, seed)
+    feeds = load_inputs(inputs) if inputs else random_feeds(engine, shape_map, seed)
     outputs = engine.create_context().run(feeds)
     files = save_outputs(outputs, output_dir) if output_dir else {}
     rows = {name: dict(describe(value), file=str(files[name]) if name in files else None)

@@ -172,7 +172,7 @@ def to_torch(array: np.ndarray):
         return array.astype(object)  # astype copies
     dtype = DType.from_numpy(array.dtype)
     if dtype in _BITWISE:
-        return torch.from_numpy(np.ascontiguousarray(array).view(_BITWISE[dtype]).copy()).view(dtype.torch)
+        return torch.from_numpy(array.copy(order="C").view(_BITWISE[dtype])).view(dtype.torch)
     if dtype in _BY_VALUE:
         return torch.from_numpy(array.astype(_BY_VALUE[dtype])).view(dtype.torch)
     return torch.from_numpy(np.array(array, copy=True))

@@ -113,7 +113,8 @@ def cast(x, src: DType, to: DType, saturate: bool = True, round_mode: str = "up"
 @kind("Cast")
 def cast_ref(inputs, attrs):
     x = inputs[0]
-    return [cast(x, DType.from_torch(x.dtype), attrs["to"], attrs.get("saturate", True), attrs.get("round_mode", "up"))]
+    to, saturate, round_mode = attrs["to"], attrs.get("saturate", True), attrs.get("round_mode", "up")
+    return [cast(x, DType.from_torch(x.dtype), to, saturate, round_mode)]
 
 
 @kind("BitCast")
