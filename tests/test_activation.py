@@ -51,3 +51,11 @@ def test_gelu_bad_approximation_rejected():
     model.graph.node[0].attribute.append(__import__("onnx").helper.make_attribute("approximate", "erf"))
     with pytest.raises(UnsupportedOpError, match="approximate"):
         kiln.build(model, kiln.BuildConfig(device="cpu"))
+
+
+def test_prelu_opset6_slope_per_channel():
+    """Before opset 7 a 1-D slope of C values applies along axis 1."""
+    v, slope = x(2, 3, 4), np.array([0.1, 0.2, 0.3], np.float32)
+    model = make_model("PRelu", {"x": v}, constants={"slope": slope}, opset=6)
+    got = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run({"x": v})["out0"]
+    np.testing.assert_allclose(got, np.where(v < 0, v * slope[:, None], v), rtol=1e-6)

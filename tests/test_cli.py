@@ -163,7 +163,7 @@ def test_inspect_plan_lists_layers_memory_and_header(plan):
     result = invoke("inspect", str(plan), "--json")
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout)
-    assert [l["kind"] for l in d["layers"]] == ["Add", "Relu", "Sub", "Mul", "Div", "Div"]
+    assert [row["kind"] for row in d["layers"]] == ["Add", "Relu", "Sub", "Mul", "Div", "Div"]
     add = d["layers"][0]
     assert add["origin"] == ["add"] and add["tactic"] == "reference" and add["weight_bytes"] == W.nbytes
     assert add["inputs"] == [{"name": "x", "dtype": "float32", "shape": "[2,4]"}]

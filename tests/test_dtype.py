@@ -41,6 +41,12 @@ def test_ml_dtypes_round_trip(name):
     np.testing.assert_array_equal(to_numpy(t[..., ::2]).astype(np.float64), x[..., ::2].astype(np.float64))
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "int4", "float8_e8m0fnu"])
+def test_scalar_keeps_rank_zero(name):
+    x = np.array(2.0, np.float32).astype(getattr(ml_dtypes, name))
+    assert to_torch(x).shape == () and to_numpy(to_torch(x)).shape == ()
+
+
 def test_sub_byte_carrier_holds_the_value():
     t = to_torch(np.array([-3, 7], ml_dtypes.int4))
     assert t.dtype == torch.int4 and t.view(DType.INT4.carrier).tolist() == [-3, 7]

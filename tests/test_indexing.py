@@ -7,7 +7,9 @@ ONNX defines the outcome.
 import numpy as np
 import pytest
 
-from opcheck import check_op
+import kiln
+from kiln.errors import UnsupportedOpError
+from opcheck import check_op, make_model
 
 rng = np.random.default_rng(0)
 
@@ -131,3 +133,11 @@ def test_reverse_sequence():
     check_op("ReverseSequence", {"x": x, "lens": np.array([4, 1, 2], np.int64)}, {"time_axis": 0, "batch_axis": 1})
     check_op("ReverseSequence", {"x": x, "lens": np.array([3, 1, 2, 0], np.int64)},
              {"time_axis": 1, "batch_axis": 0})
+
+
+def test_unknown_reduction_is_unsupported():
+    model = make_model("ScatterND", {"x": rand(3), "i": np.array([[0]], np.int64), "u": rand(1)}, {"reduction": "add"},
+                       opset=18)
+    model.graph.node[0].attribute[0].s = b"mean"
+    with pytest.raises(UnsupportedOpError, match="reduction='mean'"):
+        kiln.build(model, kiln.BuildConfig(device="cpu"))

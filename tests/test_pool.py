@@ -5,13 +5,22 @@ import pytest
 
 import kiln
 from kiln.errors import UnsupportedOpError
-from opcheck import check_op, make_model
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from opcheck import check_op, make_model, run_both
 
 rng = np.random.default_rng(0)
 
 
 def randn(*shape):
     return rng.standard_normal(shape).astype(np.float32)
+
+
+def with_output_type(model, shape):
+    """Declare the float output's shape where ONNX shape inference gives none (it cannot read the data)."""
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", TensorProto.FLOAT, shape))
+    return model
 
 
 WINDOWS = [
@@ -59,15 +68,25 @@ def test_global_pool(op, shape):
 
 @pytest.mark.parametrize("with_output_shape", [False, True])
 def test_max_unpool(with_output_shape):
-    """Indices pick one random element of every 2x2 window, as a MaxPool would."""
+    """Indices pick one random element of every 2x2 window, as a MaxPool would.
+
+    With output_shape, ORT reads the indices as positions in output_shape while ONNX's reference
+    and backend test data read them in the default unpooled shape, then pad: kiln follows ONNX.
+    """
     n, c, h, w = 1, 2, 3, 2
     x = randn(n, c, h, w)
     dy, dx = rng.integers(0, 2, (2, n, c, h, w))
     rows, cols = np.arange(h)[:, None] * 2 + dy, np.arange(w)[None, :] * 2 + dx
     planes = np.arange(n * c).reshape(n, c, 1, 1)
     index = (planes * (2 * h) * (2 * w) + rows * (2 * w) + cols).astype(np.int64)
-    consts = {"i": index} | ({"shape": np.array([n, c, 2 * h + 1, 2 * w + 2], np.int64)} if with_output_shape else {})
-    check_op("MaxUnpool", {"x": x}, {"kernel_shape": [2, 2], "strides": [2, 2]}, constants=consts, opset=11)
+    out_shape = [n, c, 2 * h + 1, 2 * w + 2] if with_output_shape else [n, c, 2 * h, 2 * w]
+    consts = {"i": index} | ({"shape": np.array(out_shape, np.int64)} if with_output_shape else {})
+    model = make_model("MaxUnpool", {"x": x}, {"kernel_shape": [2, 2], "strides": [2, 2]}, constants=consts, opset=11)
+    (want,), (got,) = run_both(with_output_type(model, out_shape), {"x": x})
+    if with_output_shape:
+        (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    assert got.shape == want.shape == tuple(out_shape)
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("attrs", [
@@ -84,5 +103,6 @@ def test_roi_align(attrs):
 
 def test_lp_pool_fractional_p_is_rejected():
     model = make_model("LpPool", {"x": randn(1, 1, 4, 4)}, {"kernel_shape": [2, 2], "p": 1.5}, opset=1)
+    with_output_type(model, [1, 1, 3, 3])
     with pytest.raises(UnsupportedOpError, match="non-integer p"):
         kiln.build(model, kiln.BuildConfig(device="cpu"))

@@ -20,9 +20,10 @@ def demo(device: Device = "auto", verbose: Verbose = False, as_json: Json = Fals
                      "onnx_nodes": r.onnx_nodes, "layers": r.layers, "build_seconds": r.build_seconds,
                      "max_abs_diff_vs_torch": r.max_abs_diff, "bench": r.stats.to_json()} for r in results])
         return
-    table = Table(title=f"kiln demo on {results[0].device}", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=f"kiln demo on {results[0].device}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
     for col in ("model", "input", "layers", "max |Δ|", "median", "p99", "items/s"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in results:
         s = r.stats
         add_row(table, r.name, "x".join(map(str, r.input_shape)), f"{r.onnx_nodes} → {r.layers}",

@@ -61,7 +61,7 @@ def random_feeds(engine: kiln.Engine, shapes: dict[str, tuple[int, ...]], seed: 
             value = rng.random(shape) < 0.5
         else:
             value = rng.integers(0, 4, shape)
-            if dtype.numpy == object:
+            if dtype.numpy.kind == "O":
                 value = value.astype(str)
         feeds[name] = value.astype(dtype.numpy)
     return feeds

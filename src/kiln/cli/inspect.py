@@ -58,14 +58,14 @@ def describe_plan(path: Path, header_only: bool) -> dict:
     p = plan.read(path)
     net = network_from_json(p.manifest.get("network"), p.tensors)
     layers = [_layer(net, k, layer, entry)
-              for k, (layer, entry) in enumerate(zip(net.layers, p.manifest["network"]["layers"]))]
+              for k, (layer, entry) in enumerate(zip(net.layers, p.manifest["network"]["layers"], strict=True))]
     build = p.manifest.get("build") or {}
     return {"file": str(path), "header": header, "config": p.manifest.get("config") or {}, "layers": layers,
             "memory": {"plan_bytes": path.stat().st_size,
-                       "weight_bytes": net.weight_bytes() + sum(_bytes(list(l.attrs.values())) for l in net.layers),
+                       "weight_bytes": net.weight_bytes() + sum(_bytes(list(x.attrs.values())) for x in net.layers),
                        "arena_bytes": (p.manifest.get("memory") or {}).get("arena_bytes")},
             "totals": {"layers": len(layers), "onnx_nodes": build.get("onnx_nodes"),
-                       "kinds": dict(collections.Counter(l.kind for l in net.layers).most_common()),
+                       "kinds": dict(collections.Counter(x.kind for x in net.layers).most_common()),
                        "passes": build.get("passes", {}), "notes": build.get("notes", [])}}
 
 
@@ -110,22 +110,27 @@ def _io(t: dict) -> str:
     return f"{t['name']}: {t['dtype']}{t['shape']}"
 
 
+def _shapes(tensors: list[dict]) -> str:
+    """dtype[shape] per line; the tensor names are left to --json to keep the table narrow."""
+    return "\n".join(f"{t['dtype']}{t['shape']}" for t in tensors)
+
+
 def print_plan(d: dict) -> None:
     h = dict(d["header"])
-    device = h.pop("device", {}) or {}
-    if "created" in h:
-        h["created"] = datetime.datetime.fromtimestamp(float(h["created"])).isoformat(timespec="seconds")
-    rows = [(k, v) for k, v in h.items()] + [(f"device.{k}", v) for k, v in device.items()]
+    device = h.pop("device", None)
+    if isinstance(h.get("created"), (int, float)):
+        h["created"] = datetime.datetime.fromtimestamp(h["created"]).isoformat(timespec="seconds")
+    rows = list(h.items())
+    rows += [(f"device.{k}", v) for k, v in device.items()] if isinstance(device, dict) else [("device", device)]
     stdout().print(key_values(f"Plan {d['file']}", rows))
     if "layers" not in d:
         return
     table = Table(title="Layers", title_justify="left")
     for col in ("#", "name", "kind", "precision", "fused ONNX nodes", "inputs", "outputs", "weights", "tactic"):
         table.add_column(col, overflow="fold", no_wrap=col in ("#", "precision", "weights", "tactic"))
-    shapes = lambda ts: "\n".join(f"{t['dtype']}{t['shape']}" for t in ts)  # noqa: E731  (names: see --json)
-    for l in d["layers"]:
-        add_row(table, l["index"], l["name"], l["kind"], l["precision"], ", ".join(l["origin"]),
-                shapes(l["inputs"]), shapes(l["outputs"]), fmt_bytes(l["weight_bytes"]), l["tactic"])
+    for row in d["layers"]:
+        add_row(table, row["index"], row["name"], row["kind"], row["precision"], ", ".join(row["origin"]),
+                _shapes(row["inputs"]), _shapes(row["outputs"]), fmt_bytes(row["weight_bytes"]), row["tactic"])
     stdout().print(table)
     m, t = d["memory"], d["totals"]
     arena = fmt_bytes(m["arena_bytes"]) if m["arena_bytes"] is not None else "sized at run time (dynamic shapes)"

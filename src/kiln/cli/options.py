@@ -10,7 +10,7 @@ import typer
 
 from kiln.errors import ConfigError
 
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks of errors and more detail.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show the traceback of an error.")]
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
 Shapes = Annotated[Optional[list[str]], typer.Option(
     "--shapes", help="Input shapes, name:1x3x224x224[,name2:...]; repeatable.")]

@@ -190,15 +190,8 @@ def range_(inputs, attrs):
 
 @kind("EyeLike")
 def eye_like(inputs, attrs):
-    x = inputs[0]
-    dtype = attrs["dtype"].torch
-    out = torch.zeros(x.shape, dtype=dtype, device=x.device)
-    rows, cols = x.shape
-    k = attrs.get("k", 0)
-    n = max(min(rows, cols - k) if k >= 0 else min(rows + k, cols), 0)
-    i = torch.arange(n, device=x.device)
-    r, c = (i, i + k) if k >= 0 else (i - k, i)
-    out[r, c] = 1
+    out = torch.zeros(inputs[0].shape, dtype=attrs["dtype"].torch, device=inputs[0].device)
+    out.diagonal(attrs.get("k", 0)).fill_(1)
     return out
 
 

@@ -44,7 +44,9 @@ def tfidf_vectorizer(inputs, attrs):
     counts = np.zeros((len(rows) if batched else 1, width), dtype=np.float32)
     for r, row in enumerate(rows if batched else [rows]):
         _count_row(row, table, attrs, counts[r])
-    weights = np.asarray(attrs["weights"] or np.ones(width), dtype=np.float32)
+    weights = np.ones(width, dtype=np.float32)  # the i-th weight scales the i-th pooled n-gram's column
+    if attrs["weights"]:
+        weights[attrs["ngram_indexes"]] = attrs["weights"]
     if attrs["mode"] == "IDF":
         counts = (counts > 0) * weights
     elif attrs["mode"] == "TFIDF":

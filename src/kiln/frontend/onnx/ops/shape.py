@@ -35,8 +35,25 @@ def attr_inputs(node: OnnxNode, ctx: ImportContext, kind: str, names: list[str],
     ctx.emit(node, kind, node.inputs[:1] + moved, node.outputs, {k: attrs[k] for k in keep if k in attrs})
 
 
+def checked(node: OnnxNode, ctx: ImportContext, choices: dict[str, tuple]) -> None:
+    """Import one-to-one after checking that each named attribute has a value kiln implements."""
+    attrs = attrs_of(node)
+    for name, allowed in choices.items():
+        if attrs.get(name, allowed[0]) not in allowed:
+            raise UnsupportedOpError(f"{node.where()}: {name}={attrs[name]!r} is not supported "
+                                     f"(supported: {', '.join(map(str, allowed))})")
+    ctx.emit(node, node.op_type, node.inputs, node.outputs, attrs)
+
+
+def register_checked(op: str, since: int, **choices: tuple) -> None:
+    """Register a one-to-one importer for `op` that rejects attribute values outside `choices`."""
+    register(op, since)(lambda node, ctx: checked(node, ctx, choices))
+
+
 register_direct("Reshape", since=5)
-register_direct("Transpose", "Concat", "Flatten", "Shape", "Size", "DepthToSpace", "SpaceToDepth", since=1)
+register_direct("Transpose", "Concat", "Flatten", "Shape", "Size", since=1)
+register_checked("DepthToSpace", 1, mode=("DCR", "CRD"))
+register_checked("SpaceToDepth", 1, mode=("DCR", "CRD"))
 register_direct("Expand", since=8)
 register_direct("Tile", since=6)
 register_direct("Slice", since=10)

@@ -1,0 +1,95 @@
+"""The tactic registry: for each layer kind, the implementations that may run it and their configs.
+
+A tactic says whether it can run a layer on a device (`supports` returns None, or the reason it
+cannot), which configurations to try at an optimization level, and compiles one configuration into a
+kernel: a callable from the layer's input values to its output values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from kiln.errors import InternalError
+from kiln.tactics.spec import LayerSpec
+
+Kernel = Callable[[list[Any]], list[Any]]
+Config = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Tactic:
+    """One implementation of some layer kinds. Lower `priority` wins when nothing is timed (opt level 0)."""
+
+    name: str
+    kinds: tuple[str, ...]
+    compile: Callable[[LayerSpec, Config, Any], Kernel]
+    supports: Callable[[LayerSpec, Any], str | None] = lambda spec, device: None
+    configs: Callable[[LayerSpec, Any, int], list[Config]] = lambda spec, device, level: [{}]
+    priority: int = 50
+    backends: tuple[str, ...] = ("cuda",)
+
+
+TACTICS: dict[str, Tactic] = {}
+BY_KIND: dict[str, list[Tactic]] = {}
+
+
+def register(tactic: Tactic) -> Tactic:
+    if tactic.name in TACTICS:
+        raise InternalError(f"tactic {tactic.name!r} registered twice")
+    TACTICS[tactic.name] = tactic
+    for k in tactic.kinds:
+        BY_KIND.setdefault(k, []).append(tactic)
+    return tactic
+
+
+def get(name: str) -> Tactic:
+    _load()
+    try:
+        return TACTICS[name]
+    except KeyError:
+        raise InternalError(f"no tactic named {name!r}") from None
+
+
+def candidates(spec: LayerSpec, device) -> tuple[list[Tactic], list[tuple[str, str]]]:
+    """(tactics that can run `spec` on `device`, best first by priority; [(tactic, reason)] of those that cannot)."""
+    _load()
+    ok, refused = [], []
+    for t in BY_KIND.get(spec.kind, []) + BY_KIND.get("*", []):
+        if device.backend not in t.backends:
+            continue
+        reason = t.supports(spec, device)
+        (refused.append((t.name, reason)) if reason else ok.append(t))
+    return sorted(ok, key=lambda t: t.priority), refused
+
+
+def _load() -> None:
+    """Import the tactic modules (they register themselves) on first use."""
+    from kiln.tactics import library  # noqa: F401
+
+
+def reference_kernel(spec: LayerSpec) -> Kernel:
+    from kiln.kinds import run_reference
+
+    kind, attrs = spec.kind, spec.attrs
+    return lambda inputs: run_reference(kind, inputs, attrs)
+
+
+REFERENCE = "reference"
+
+
+def _compile_reference(spec: LayerSpec, config: Config, device) -> Kernel:
+    return reference_kernel(spec)
+
+
+register(Tactic(REFERENCE, ("*",), _compile_reference, priority=100, backends=("cpu", "cuda")))
+
+
+def no_grad(kernel: Kernel) -> Kernel:
+    def run(inputs):
+        with torch.no_grad():
+            return kernel(inputs)
+
+    return run

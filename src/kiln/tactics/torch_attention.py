@@ -1,0 +1,71 @@
+"""Attention through torch's scaled_dot_product_attention, one tactic config per SDPA backend.
+
+Covers the common case (no KV cache, no softcap, no sliding window, no QK output); the rest runs
+the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kiln.tactics.common import float_io, rank
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+
+_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    a = spec.attrs
+    extra = list(spec.inputs[4:]) + [o for o in spec.outputs[1:] if o.dtype is not None]
+    if any(v is not None for v in extra[:3]) or any(o.dtype is not None for o in spec.outputs[1:]):
+        return "KV cache, nonpad lengths or extra outputs"
+    if a.get("softcap", 0) or a.get("left_window_size", -1) >= 0 or a.get("right_window_size", -1) >= 0:
+        return "softcap or sliding window"
+    if a.get("softmax_precision") not in (None,) and str(a["softmax_precision"]) != "float32":
+        return "softmax precision other than the input's or fp32"
+    if rank(spec.inputs[0]) != 4:
+        return "only 4-D (B, H, S, D) inputs"
+    mask = spec.inputs[3] if len(spec.inputs) > 3 else None
+    if mask is not None and (mask.shape is None or spec.inputs[1].shape is None
+                             or mask.shape[-1] != spec.inputs[1].shape[2]):
+        return "mask shorter than the key length"
+    io = [spec.inputs[0], spec.inputs[1], spec.inputs[2], spec.outputs[0]]
+    if len({v.dtype for v in io}) != 1:
+        return "Q, K, V and Y dtypes differ"
+    return float_io(LayerSpec(spec.name, spec.kind, {}, tuple(io[:3]), (io[3],)))
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    return [{"backend": b} for b in _BACKENDS]
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    backend = _BACKENDS[config["backend"]]
+    causal, scale = bool(a.get("is_causal")), a.get("scale")
+    gqa = spec.inputs[0].shape[1] != spec.inputs[1].shape[1]
+
+    def run(inputs):
+        q, k, v = inputs[:3]
+        mask = inputs[3] if len(inputs) > 3 else None
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)
+        with sdpa_kernel([backend]):
+            return [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                                   scale=scale, enable_gqa=gqa)]
+
+    return run
+
+
+def _supports_all(spec: LayerSpec, device) -> str | None:
+    reason = _supports(spec, device)
+    if reason is None and spec.attrs.get("is_causal") and len(spec.inputs) > 3 and spec.inputs[3] is not None:
+        return "is_causal together with a mask"
+    return reason
+
+
+register(Tactic("sdpa", ("Attention",), _compile, _supports_all, _configs, priority=10))

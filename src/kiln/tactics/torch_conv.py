@@ -1,0 +1,51 @@
+"""Convolution through cuDNN (torch), in NCHW or NHWC (channels_last) memory format, native dtype."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kiln.tactics.common import float_io, rank, tf32
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+
+_CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    if spec.inputs[1] is None or spec.inputs[1].const is None:
+        return "weights are not a build-time constant"
+    if rank(spec.inputs[0]) not in _CONV:
+        return "only 1-D, 2-D and 3-D convolutions"
+    if spec.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        return "pads are not explicit (input shape unknown at build)"
+    return float_io(spec)
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    return [{"layout": "nchw"}] + ([{"layout": "nhwc"}] if rank(spec.inputs[0]) == 4 else [])
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    n = len(a["kernel_shape"])
+    pads = list(a["pads"])
+    fmt = torch.channels_last if config.get("layout") == "nhwc" else torch.contiguous_format
+    w = spec.inputs[1].const.contiguous(memory_format=fmt)
+    b = spec.inputs[2].const if len(spec.inputs) > 2 and spec.inputs[2] is not None else None
+    conv, allow_tf32 = _CONV[n + 2], spec.tf32
+    symmetric = pads[:n] == pads[n:]
+    torch_pads = [p for i in reversed(range(n)) for p in (pads[i], pads[n + i])]
+
+    def run(inputs):
+        x = inputs[0].contiguous(memory_format=fmt) if fmt is torch.channels_last else inputs[0]
+        bias = b if b is not None else (inputs[2] if len(inputs) > 2 else None)
+        if not symmetric:
+            x = F.pad(x, torch_pads)
+        with tf32(allow_tf32):
+            return [conv(x, w, bias, a["strides"], pads[:n] if symmetric else 0, a["dilations"], a["group"])]
+
+    return run
+
+
+register(Tactic("cudnn_conv", ("Conv",), _compile, _supports, _configs, priority=10))
