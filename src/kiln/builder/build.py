@@ -9,7 +9,9 @@ from typing import Callable
 
 import onnx
 
+from kiln.builder.autotune import tune
 from kiln.builder.device import Device, detect
+from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
 from kiln.engine import Engine
 from kiln.frontend.onnx import import_onnx, load_onnx
@@ -18,7 +20,7 @@ from kiln.passes import PassContext, default_passes, run_passes
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
-STAGES = ("load", "import", "optimize", "plan")
+STAGES = ("load", "import", "optimize", "tune", "plan")
 
 
 @dataclass
@@ -82,7 +84,15 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     net.verify()
     info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,
             "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}
-    engine = stage("plan", lambda: Engine(net, config, ctx.device, source_sha256=loaded.sha256, build_info=info))
+    weights = {k: v.to(ctx.device.torch_device) for k, v in net.constants.items()}
+    cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
+    choices = stage("tune", lambda: tune(net, weights, ctx.device, config.opt_level, config.tf32, cache,
+                                         ctx.progress))
+    if cache is not None:
+        info["timing_cache"] = {"path": str(cache.path), "hits": cache.hits, "misses": cache.misses}
+    engine = stage("plan", lambda: Engine(net, config, ctx.device, source_sha256=loaded.sha256, build_info=info,
+                                          tactics=choices))
+    engine.build_info["tactics"] = engine.tactic_summary()
     engine.build_info["stage_seconds"] = ctx.timings
     engine.build_info["build_seconds"] = time.perf_counter() - t0
     ctx.progress("done", len(STAGES), len(STAGES))

@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+from kiln.builder.autotune import Choice
 from kiln.builder.device import Device
 from kiln.config import BuildConfig
 from kiln.engine import compat, plan
@@ -13,13 +14,17 @@ from kiln.engine.serialize import network_from_json, network_to_json
 from kiln.errors import PlanError
 from kiln.ir import Network
 from kiln.runtime.memory_plan import plan_memory
+from kiln.tactics import registry
+from kiln.tactics.registry import Kernel
+from kiln.tactics.spec import layer_spec
 
 
 class Engine:
     """What `kiln.build` returns and `kiln.load` reads back: run it through `create_context()`."""
 
     def __init__(self, network: Network, config: BuildConfig, device: Device, *,
-                 source_sha256: str = "", build_info: dict | None = None, header: dict | None = None):
+                 source_sha256: str = "", build_info: dict | None = None, header: dict | None = None,
+                 tactics: dict[str, Choice] | None = None):
         self.network = network
         self.config = config
         self.device = device
@@ -29,6 +34,29 @@ class Engine:
         self.memory_plan = plan_memory(network)
         self.weights = {k: v.to(device.torch_device) for k, v in network.constants.items()}
         self.has_dynamic_inputs = any(not network.tensors[n].is_static for n in network.inputs)
+        self.tactics = {l.name: (tactics or {}).get(l.name) or Choice(registry.REFERENCE) for l in network.layers}
+        self.kernels = [self._compile(layer) for layer in network.layers]
+
+    def _compile(self, layer) -> Kernel:
+        """The layer's kernel from its chosen tactic; a tactic that no longer compiles falls back to the reference."""
+        choice = self.tactics[layer.name]
+        spec = layer_spec(self.network, layer, self.weights, self.config.tf32)
+        if choice.tactic == registry.REFERENCE:
+            return registry.reference_kernel(spec)
+        try:
+            return registry.get(choice.tactic).compile(spec, choice.config, self.device)
+        except Exception as e:  # recorded, and the engine still runs correctly
+            self.build_info.setdefault("load_notes", []).append(
+                f"layer {layer.name!r}: tactic {choice.tactic} failed to compile here ({type(e).__name__}: {e}); "
+                "running the reference instead")
+            return registry.reference_kernel(spec)
+
+    def tactic_summary(self) -> dict[str, int]:
+        """How many layers run with each tactic."""
+        counts: dict[str, int] = {}
+        for c in self.tactics.values():
+            counts[c.tactic] = counts.get(c.tactic, 0) + 1
+        return counts
 
     @property
     def inputs(self):
@@ -51,7 +79,8 @@ class Engine:
     def serialize(self) -> bytes:
         manifest, tensors = network_to_json(self.network)
         manifest = {"network": manifest, "config": self.config.to_json(), "build": self.build_info,
-                    "memory": self.memory_plan.to_json()}
+                    "memory": self.memory_plan.to_json(),
+                    "tactics": {name: c.to_json() for name, c in self.tactics.items()}}
         header = {"device": self.device.fingerprint(), "source_sha256": self.source_sha256}
         return plan.encode(header, manifest, tensors)
 
@@ -68,11 +97,12 @@ class Engine:
             network = network_from_json(m["network"], p.tensors)
             config = BuildConfig.from_json(m["config"])
             build_info = dict(m.get("build") or {})
+            tactics = {str(k): Choice.from_json(v) for k, v in (m.get("tactics") or {}).items()}
         except PlanError:
             raise
         except Exception as e:
             raise PlanError(f"{path}: manifest is malformed ({type(e).__name__}: {e}); rebuild the plan") from None
         engine = cls(network, config, device, source_sha256=str(p.header.get("source_sha256", "")),
-                     build_info=build_info, header=p.header)
+                     build_info=build_info, header=p.header, tactics=tactics)
         engine.build_info["load_seconds"] = time.perf_counter() - start
         return engine

@@ -1,7 +1,1 @@
-"""Reference implementations of the misc layer kinds."""
-
-from __future__ import annotations
-
-import torch
-
-from kiln.kinds.registry import kind
+"""Reference implementations of kinds of no other family: none so far (ImageDecoder is rejected at import)."""

@@ -26,7 +26,7 @@ def label_encoder(inputs, attrs):
     table = {_key(k): v for k, v in zip(attrs["keys"], attrs["values"])}
     out = [table.get(_key(v), attrs["default"]) for v in x.reshape(-1).tolist()]
     if attrs["dtype"] is DType.STRING:
-        return np.array(out, dtype=object).reshape(x.shape)
+        return [np.array(out, dtype=object).reshape(x.shape)]  # a list: a bare array reads as many outputs
     return torch.tensor(out, dtype=attrs["dtype"].torch, device=getattr(x, "device", None)).reshape(x.shape)
 
 
@@ -39,7 +39,7 @@ def array_feature_extractor(inputs, attrs):
         out = x[..., index.cpu().numpy()]
     else:
         out = x.index_select(-1, index.to(x.device))
-    return out.reshape(1, -1) if x.ndim == 1 else out
+    return [out.reshape(1, -1) if x.ndim == 1 else out]
 
 
 @kind("Binarizer")

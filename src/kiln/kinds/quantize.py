@@ -71,11 +71,12 @@ def dequantize_linear(inputs, attrs):
 
 @kind("DynamicQuantizeLinear")
 def dynamic_quantize_linear(inputs, attrs):
-    """uint8 affine quantization with the range [min(x, 0), max(x, 0)] mapped onto [0, 255]."""
+    """uint8 affine quantization with the range [min(x, 0), max(x, 0)] mapped onto [0, 255]; an empty
+    range gets scale 1 (ONNX Runtime's `max == min ? 1.0f : (max - min) / 255`)."""
     x = inputs[0].float()
     low = torch.clamp(x.min(), max=0) if x.numel() else torch.zeros((), device=x.device)
     high = torch.clamp(x.max(), min=0) if x.numel() else torch.zeros((), device=x.device)
-    scale = torch.where(high == low, torch.ones_like(high), high - low) / 255
+    scale = torch.where(high == low, torch.ones_like(high), (high - low) / 255)
     zp = torch.round((-low / scale).clamp(0, 255))
     y = (torch.round(x / scale) + zp).clamp(0, 255)
     return y.to(torch.uint8), scale.to(inputs[0].dtype), zp.to(torch.uint8)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from kiln.errors import InternalError
@@ -55,4 +56,4 @@ def get(name: str) -> LayerKind:
 def run_reference(kind_name: str, inputs: list[torch.Tensor | None], attrs: dict[str, Any]) -> list[torch.Tensor]:
     """Run a kind's reference and always return a list of outputs."""
     out = get(kind_name).reference(inputs, attrs)
-    return [out] if isinstance(out, torch.Tensor) else list(out)
+    return [out] if isinstance(out, (torch.Tensor, np.ndarray)) else list(out)

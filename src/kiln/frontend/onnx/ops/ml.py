@@ -50,12 +50,10 @@ def _default(node: OnnxNode, value_type: DType):
 
 @register("LabelEncoder", since=2, domain=ML)
 def label_encoder(node: OnnxNode, ctx: ImportContext) -> None:
-    keys, key_type = _mapping(node, "keys")
+    keys, _ = _mapping(node, "keys")  # ONNX inference has checked that the keys' type is the input's
     values, value_type = _mapping(node, "values")
     if len(keys) != len(values):
         raise ModelError(f"{node.where()}: {len(keys)} keys but {len(values)} values")
-    if key_type != dtype_of(ctx, node.inputs[0]):
-        raise ModelError(f"{node.where()}: keys are {key_type} but the input is {dtype_of(ctx, node.inputs[0])}")
     default = _default(node, value_type)
     attrs = {"keys": keys, "values": values, "default": default, "dtype": value_type}
     ctx.emit(node, "LabelEncoder", node.inputs, node.outputs, attrs)

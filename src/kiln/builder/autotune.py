@@ -1,0 +1,155 @@
+"""The autotuner: for each layer, time every candidate tactic on the device, keep the fastest correct one.
+
+A candidate must reproduce the layer's reference output (tolerance by precision) before it can win;
+one that fails to compile, runs out of resources or gives a wrong result is recorded with its reason
+and never aborts the build. Opt level 0 takes the highest-priority candidate that passes the check.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kiln.builder.timing_cache import CachedChoice, TimingCache, environment_key
+from kiln.ir import Network
+from kiln.tactics import registry
+from kiln.tactics.spec import LayerSpec, layer_spec
+
+REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
+CONFIGS_PER_TACTIC = {0: 1, 1: 1, 2: 2, 3: 8, 4: 32, 5: 1000}
+TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+
+
+@dataclass
+class Choice:
+    """The tactic a layer runs with, how it was chosen, and what was rejected and why."""
+
+    tactic: str
+    config: dict = field(default_factory=dict)
+    microseconds: float | None = None
+    source: str = "only"            # only | heuristic | timed | cache
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"tactic": self.tactic, "config": self.config, "microseconds": self.microseconds,
+                "source": self.source, "rejected": [list(r) for r in self.rejected]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Choice":
+        return cls(str(d["tactic"]), dict(d.get("config") or {}), d.get("microseconds"), str(d.get("source", "")),
+                   [(str(a), str(b)) for a, b in d.get("rejected") or []])
+
+
+def _random_input(v, device) -> Any:
+    if v is None:
+        return None
+    if v.const is not None:
+        return v.const
+    dt = v.dtype.torch
+    return (torch.randn(v.shape, device=device) * 0.5).to(dt)
+
+
+def _close(got: list, want: list, tf32: bool) -> str | None:
+    """None if `got` matches `want` output by output, else what differs."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        if w is None:
+            continue
+        if not isinstance(g, torch.Tensor) or g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {i}: {getattr(g, 'dtype', type(g))}{list(getattr(g, 'shape', []))} " \
+                   f"instead of {w.dtype}{list(w.shape)}"
+        rtol, atol = TOLERANCE.get(w.dtype, (0, 0))
+        if tf32 and w.dtype == torch.float32:
+            rtol, atol = 1e-2, 1e-2
+        if not torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol, equal_nan=True):
+            err = (g.float() - w.float()).abs().max().item()
+            return f"wrong result: output {i} differs by up to {err:.3g} (rtol {rtol}, atol {atol})"
+    return None
+
+
+def _time(kernel, inputs, repeats: int) -> float:
+    """Median microseconds of `repeats` runs, each timed with CUDA events after warm-up."""
+    for _ in range(3):
+        kernel(inputs)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        kernel(inputs)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+class Autotuner:
+    """Chooses a tactic per layer for one build; reads and fills the timing cache."""
+
+    def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None):
+        self.device, self.level, self.tf32, self.cache = device, opt_level, tf32, cache
+        self.env = environment_key(device.fingerprint())
+
+    def choose(self, spec: LayerSpec) -> Choice:
+        cands, refused = registry.candidates(spec, self.device)
+        fast = [t for t in cands if t.name != registry.REFERENCE]
+        if not fast:
+            return Choice(registry.REFERENCE, rejected=refused)
+        if not spec.static or any(v is not None and v.const is None and not v.dtype.is_float
+                                  for v in spec.inputs if v is not None and v.dtype is not None):
+            t = fast[0]  # no representative data to time or check with: priority decides
+            return Choice(t.name, t.configs(spec, self.device, self.level)[0], None, "heuristic", refused)
+        sig = spec.signature()
+        if self.cache is not None and self.level > 0:
+            hit = self.cache.get(self.env, sig)
+            if hit is not None and hit.tactic in registry.TACTICS:
+                return Choice(hit.tactic, hit.config, hit.microseconds, "cache", refused)
+        choice = self._measure(spec, cands, refused)
+        if self.cache is not None and self.level > 0:
+            self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
+        return choice
+
+    def _measure(self, spec: LayerSpec, cands, refused) -> Choice:
+        dev = self.device.torch_device
+        with torch.no_grad():
+            inputs = [_random_input(v, dev) for v in spec.inputs]
+            want = registry.reference_kernel(spec)(inputs)
+            rejected, timed = list(refused), []
+            for tactic in cands:
+                for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]:
+                    label = f"{tactic.name}{config or ''}"
+                    try:
+                        kernel = tactic.compile(spec, config, self.device)
+                        why = _close(kernel(inputs), want, self.tf32)
+                    except torch.cuda.OutOfMemoryError:
+                        why = "out of memory"
+                    except Exception as e:  # a candidate's failure is data, never fatal
+                        why = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+                    if why:
+                        rejected.append((label, why))
+                        continue
+                    if self.level == 0:
+                        return Choice(tactic.name, config, None, "heuristic", rejected)
+                    timed.append((_time(kernel, inputs, REPEATS[self.level]), tactic.name, config))
+        if not timed:
+            return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
+        us, name, config = min(timed, key=lambda t: t[0])
+        return Choice(name, config, us, "timed", rejected)
+
+
+def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
+         cache: TimingCache | None, progress: Callable[[str, int, int], None]) -> dict[str, Choice]:
+    """A Choice for every layer of `net` (the reference everywhere on the CPU)."""
+    if device.backend != "cuda":
+        return {layer.name: Choice(registry.REFERENCE) for layer in net.layers}
+    tuner = Autotuner(device, opt_level, tf32, cache)
+    choices = {}
+    started = time.perf_counter()
+    for i, layer in enumerate(net.layers):
+        progress("tune", i, len(net.layers))
+        choices[layer.name] = tuner.choose(layer_spec(net, layer, weights, tf32))
+    progress("tune", len(net.layers), len(net.layers))
+    tuner.seconds = time.perf_counter() - started
+    return choices
