@@ -6,8 +6,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import kiln
-from kiln.errors import UnsupportedOpError
 from opcheck import ORT_IR, check_op, run_both
 
 rng = np.random.default_rng(0)
@@ -112,14 +110,3 @@ def test_dynamic_quantize_linear():
 
 def test_dynamic_quantize_linear_all_zero():
     check_op("DynamicQuantizeLinear", {"x": np.zeros((2, 3), np.float32)}, n_outputs=3, opset=11)
-
-
-def test_quantize_to_float6_is_rejected():
-    """kiln has no float6 types: the import says so instead of guessing."""
-    model = qdq_model([2], np.array(0, np.uint8), {}, 25)
-    q = model.graph.node[0]
-    q.input.pop()  # no zero point: output_dtype decides the type
-    q.attribute.append(helper.make_attribute("output_dtype", TensorProto.FLOAT6E2M3))
-    model.graph.node[1].input.pop()
-    with pytest.raises(UnsupportedOpError, match="FLOAT6E2M3"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))

@@ -59,7 +59,7 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
     if input_shapes:
         set_input_shapes(proto, input_shapes)
     proto = infer_shapes(proto, source)
-    check_caps(proto, limits)  # again, now with every inferred intermediate shape
+    check_caps(proto, limits, inferred=True)  # again, now with every inferred intermediate shape
     return LoadedModel(proto, digest, source)
 
 
@@ -131,7 +131,7 @@ def validate_fields(proto: onnx.ModelProto, source: str) -> None:
                                      f"up to opset {newest}; re-export with opset <= {newest}")
 
 
-def check_caps(proto: onnx.ModelProto, limits: ModelLimits) -> None:
+def check_caps(proto: onnx.ModelProto, limits: ModelLimits, inferred: bool = False) -> None:
     """Reject huge ranks, node counts and subgraph nesting before any deeper work."""
     def walk(graph: onnx.GraphProto, depth: int) -> int:
         if depth > limits.max_graph_depth:
@@ -141,7 +141,7 @@ def check_caps(proto: onnx.ModelProto, limits: ModelLimits) -> None:
             if vi.type.HasField("tensor_type") and len(vi.type.tensor_type.shape.dim) > limits.max_rank:
                 raise ResourceLimitError(f"tensor {vi.name!r} has rank {len(vi.type.tensor_type.shape.dim)}, "
                                          f"over kiln's limit of {limits.max_rank}")
-            _check_bytes(vi, limits)
+            _check_bytes(vi, limits, inferred)
         for init in graph.initializer:
             if len(init.dims) > limits.max_rank:
                 raise ResourceLimitError(f"initializer {init.name!r} has rank {len(init.dims)}, over {limits.max_rank}")
@@ -156,10 +156,13 @@ def check_caps(proto: onnx.ModelProto, limits: ModelLimits) -> None:
     walk(proto.graph, 0)
 
 
-def _check_bytes(vi: onnx.ValueInfoProto, limits: ModelLimits) -> None:
+def _check_bytes(vi: onnx.ValueInfoProto, limits: ModelLimits, inferred: bool = False) -> None:
+    """Declared dims must be non-negative; ONNX's own inference may write -1 for 'unknown' (then skipped)."""
     n = 1
     for d in vi.type.tensor_type.shape.dim:
         if d.HasField("dim_value"):
+            if d.dim_value < 0 and inferred:
+                continue
             if d.dim_value < 0:
                 raise ModelError(f"tensor {vi.name!r} declares a negative dimension {d.dim_value}")
             n *= d.dim_value

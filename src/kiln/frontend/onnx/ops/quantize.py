@@ -11,9 +11,6 @@ from kiln.errors import ModelError, UnsupportedOpError
 from kiln.frontend.onnx.registry import ImportContext, OnnxNode, dtype_of, register, register_direct, schema_defaults
 from kiln.ir import DType
 
-_QUANTIZED = {DType.INT8, DType.UINT8, DType.INT16, DType.UINT16, DType.INT4, DType.UINT4, DType.INT2, DType.UINT2,
-              DType.FP8E4M3, DType.FP8E5M2, DType.FP8E4M3FNUZ, DType.FP8E5M2FNUZ, DType.FP4E2M1}
-
 
 def _dtype_attr(node: OnnxNode, code: int) -> DType | None:
     """An ONNX TensorProto code attribute as a DType (0: unset)."""
@@ -39,8 +36,6 @@ def quantize_linear(node: OnnxNode, ctx: ImportContext) -> None:
     attrs = _attrs(node)
     has_zp = len(node.inputs) > 2 and node.inputs[2]
     out = dtype_of(ctx, node.inputs[2]) if has_zp else _dtype_attr(node, attrs.get("output_dtype", 0)) or DType.UINT8
-    if out not in _QUANTIZED:
-        raise UnsupportedOpError(f"{node.where()}: quantizing to {out} is not supported")
     attrs.update(output_dtype=out, precision=_dtype_attr(node, attrs.get("precision", 0)),
                  saturate=bool(attrs.get("saturate", 1)))
     ctx.emit(node, "QuantizeLinear", node.inputs, node.outputs, attrs)
@@ -50,10 +45,7 @@ def quantize_linear(node: OnnxNode, ctx: ImportContext) -> None:
 def dequantize_linear(node: OnnxNode, ctx: ImportContext) -> None:
     attrs = _attrs(node)
     scale = dtype_of(ctx, node.inputs[1])
-    out = _dtype_attr(node, attrs.get("output_dtype", 0)) or scale
-    if out not in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16):
-        raise ModelError(f"{node.where()}: DequantizeLinear output type {out} is not a float type; set output_dtype")
-    attrs["output_dtype"] = out
+    attrs["output_dtype"] = _dtype_attr(node, attrs.get("output_dtype", 0)) or scale
     ctx.emit(node, "DequantizeLinear", node.inputs, node.outputs, attrs)
 
 
