@@ -30,9 +30,12 @@ def string_concat(inputs, attrs):
 
 @kind("StringSplit")
 def string_split(inputs, attrs):
-    """Split on `delimiter` (runs of whitespace when empty), at most `maxsplit` times; pad with ""."""
+    """Split on `delimiter` (runs of whitespace when empty), at most `maxsplit` times; pad with "".
+
+    An empty string has no substrings (as in ONNX Runtime), whatever the delimiter.
+    """
     x = inputs[0]
-    parts = [s.split(attrs["delimiter"] or None, attrs["maxsplit"]) for s in x.flat]
+    parts = [s.split(attrs["delimiter"] or None, attrs["maxsplit"]) if s else [] for s in x.flat]
     width = max((len(p) for p in parts), default=0)
     padded = [w for p in parts for w in p + [""] * (width - len(p))]
     counts = torch.tensor([len(p) for p in parts], dtype=torch.int64).reshape(x.shape)

@@ -7,8 +7,8 @@ from kiln.frontend.onnx.ops.conv import spatial_attrs
 from kiln.frontend.onnx.registry import ImportContext, OnnxNode, register, register_direct, schema_defaults
 
 
-def _pool(node: OnnxNode, ctx: ImportContext) -> None:
-    attrs = spatial_attrs(node, ctx, node.inputs[0])
+def _pool(node: OnnxNode, ctx: ImportContext, **extra) -> None:
+    attrs = spatial_attrs(node, ctx, node.inputs[0]) | extra
     attrs.setdefault("ceil_mode", 0)
     ctx.emit(node, node.op_type, node.inputs, node.outputs, attrs)
 
@@ -20,10 +20,10 @@ register("AveragePool", since=1)(_pool)
 @register("LpPool", since=1)
 def lp_pool(node: OnnxNode, ctx: ImportContext) -> None:
     """LpPool; opset 1 had a float p, kiln keeps the integer exponent of later opsets."""
-    if float(node.attr("p", 2)) != int(node.attr("p", 2)):
-        raise UnsupportedOpError(f"{node.where()}: LpPool with non-integer p={node.attr('p')} is not supported")
-    node.attrs["p"] = int(node.attr("p", 2))
-    _pool(node, ctx)
+    p = node.attr("p", 2)
+    if float(p) != int(p):
+        raise UnsupportedOpError(f"{node.where()}: LpPool with non-integer p={p} is not supported")
+    _pool(node, ctx, p=int(p))
 
 
 @register("MaxUnpool", since=9)

@@ -8,8 +8,9 @@ from kiln.kinds.strings import python_pattern
 
 register_direct("StringConcat", since=20)
 
-# Locales whose case mapping is Unicode's default, which is what the reference implements.
-_LOCALES = ("", "C", "POSIX", "en_US", "en_US.UTF-8", "en_US.utf8")
+# Locales whose case mapping is Unicode's default, which is what the reference implements
+# ("C" and "POSIX" map ASCII letters only, so they are not among them).
+_LOCALES = ("", "en_US", "en_US.UTF-8", "en_US.utf8", "C.UTF-8", "C.utf8")
 
 
 @register("StringSplit", since=20)
