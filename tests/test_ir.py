@@ -149,3 +149,18 @@ def test_untyped_output_names_the_node_and_the_fix():
 
     with pytest.raises(ModelError, match=r"node 'neg'.*gave no type for output 'y'.*value_info"):
         import_onnx(m)
+
+
+@pytest.mark.parametrize("edit", [{"num_scan_inputs": 0}, {"captures": -1}, {"scan_output_axes": []}, {"batched": 1}])
+def test_malformed_scan_attributes_are_plan_errors(edit):
+    body = h.make_graph([h.make_node("Add", ["acc", "x"], ["acc_out"]), h.make_node("Mul", ["x", "w"], ["y"])], "body",
+                        [vi("acc", T.FLOAT, [2]), vi("x", T.FLOAT, [2])],
+                        [vi("acc_out", T.FLOAT, [2]), vi("y", T.FLOAT, [2])])
+    m = model([h.make_node("Scan", ["a0", "xs"], ["a", "ys"], body=body, num_scan_inputs=1)],
+              [vi("a0", T.FLOAT, [2]), vi("xs", T.FLOAT, [3, 2]), vi("w", T.FLOAT, [2])],
+              [vi("a", T.FLOAT, [2]), vi("ys", T.FLOAT, [3, 2])])
+    manifest, tensors = network_to_json(kiln.build(m, kiln.BuildConfig(device="cpu")).network)
+    network_from_json(copy.deepcopy(manifest), tensors)
+    manifest["layers"][0]["attrs"].update(edit)
+    with pytest.raises(PlanError, match="inconsistent"):
+        network_from_json(manifest, tensors)

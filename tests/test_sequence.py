@@ -8,6 +8,9 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from test_controlflow import check_model, model, vi
 
+import kiln
+from kiln.errors import InputError
+
 F = T.FLOAT
 
 
@@ -16,7 +19,8 @@ def seq(name, elem=F, shape=None):
 
 
 def opt_seq(name, elem=F):
-    return h.make_value_info(name, h.make_optional_type_proto(h.make_sequence_type_proto(h.make_tensor_type_proto(elem, None))))
+    element = h.make_sequence_type_proto(h.make_tensor_type_proto(elem, None))
+    return h.make_value_info(name, h.make_optional_type_proto(element))
 
 
 RNG = np.random.default_rng(0)
@@ -99,10 +103,6 @@ def test_loop_grows_a_sequence():
 
 
 def test_bad_sequence_feed_is_an_input_error():
-    from kiln.errors import InputError
-
-    import kiln
-
     m = model([h.make_node("SequenceLength", ["xs"], ["n"])], [seq("xs")], [vi("n", T.INT64, [])])
     engine = kiln.build(m, kiln.BuildConfig(device="cpu"))
     assert engine.run({"xs": [np.zeros(2, np.float32)] * 3})["n"] == 3

@@ -45,12 +45,14 @@ def test_string_split(attrs):
                                    {"stopwords": ["a", "b"]}])
 @pytest.mark.parametrize("shape", [(4,), (1, 4)])
 def test_string_normalizer(attrs, shape):
-    check_model(one_node("StringNormalizer", attrs | UNICODE, shape=(None,) if len(shape) == 1 else (1, None), opset=10),
+    dims = (None,) if len(shape) == 1 else (1, None)
+    check_model(one_node("StringNormalizer", attrs | UNICODE, shape=dims, opset=10),
                 {"x": strings("Monday", "tuesday", "ßtraße", "monday", shape=shape)})
 
 
 def test_string_normalizer_all_dropped():
-    check_model(one_node("StringNormalizer", {"stopwords": ["a"]} | UNICODE, shape=(1, None), opset=10), {"x": strings("a", "A", shape=(1, 2))})
+    check_model(one_node("StringNormalizer", {"stopwords": ["a"]} | UNICODE, shape=(1, None), opset=10),
+                {"x": strings("a", "A", shape=(1, 2))})
 
 
 @pytest.mark.parametrize("pattern", [r"www\.[\w.-]+\.\bcom\b", r"(\W|^)[\w.\-]{0,25}@(yahoo|gmail)\.com(\W|$)",

@@ -109,10 +109,9 @@ def _network(m: dict, tensors: dict[str, torch.Tensor], prefix: str, depth: int)
             raise PlanError(f"plan uses layer kind {l['kind']!r}, which this kiln does not have; "
                             "rebuild the plan with this version of kiln")
         name = str(l["name"])
-        net.layers.append(Layer(name, str(l["kind"]), [str(i) for i in l["inputs"]],
-                                [str(o) for o in l["outputs"]], {str(k): dec(name, k, v) for k, v in l["attrs"].items()},
-                                DType(l["precision"]) if l["precision"] else None,
-                                [str(o) for o in l["origin"]]))
+        attrs = {str(k): dec(name, k, v) for k, v in l["attrs"].items()}
+        net.layers.append(Layer(name, str(l["kind"]), [str(i) for i in l["inputs"]], [str(o) for o in l["outputs"]],
+                                attrs, DType(l["precision"]) if l["precision"] else None, [str(o) for o in l["origin"]]))
     return net
 
 

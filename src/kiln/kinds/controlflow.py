@@ -19,12 +19,18 @@ BODIES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("bod
 
 
 def verify_bodies(layer: Layer) -> None:
-    """Raise InternalError unless a body-holding layer's bodies are networks whose input/output counts fit."""
-    names = BODIES.get(layer.kind, ())
+    """Raise InternalError unless a body-holding layer's bodies and counts fit together (plans are untrusted)."""
+    names = BODIES.get(layer.kind)
+    if not names:
+        return
     n_in, n_out = len(layer.inputs), len(layer.outputs)
-    captures = layer.attrs.get("captures", n_in - 1 if layer.kind == "If" else 0)
-    if names and (not isinstance(captures, int) or not 0 <= captures <= n_in - (layer.kind == "Loop") * 2):
-        raise InternalError(f"layer {layer.name!r} ({layer.kind}): captures={captures!r} does not fit its {n_in} inputs")
+    fixed = {"If": 1, "Loop": 2}.get(layer.kind, 0)  # inputs before the carried, scanned or mapped ones
+    captures = n_in - 1 if layer.kind == "If" else layer.attrs.get("captures")
+    if not isinstance(captures, int) or not 0 <= captures <= n_in - fixed:
+        raise InternalError(f"layer {layer.name!r} ({layer.kind}): captures={captures!r} does not fit "
+                            f"its {n_in} inputs")
+    if layer.kind == "Scan":
+        _verify_scan(layer, n_in - captures, n_out)
     want = {"If": (n_in - 1, n_out), "Loop": (n_in, n_out + 1)}.get(layer.kind, (n_in, n_out))
     for name in names:
         body = layer.attrs.get(name)
@@ -34,6 +40,18 @@ def verify_bodies(layer: Layer) -> None:
             raise InternalError(f"layer {layer.name!r} ({layer.kind}): body {name!r} has {len(body.inputs)} inputs "
                                 f"and {len(body.outputs)} outputs, expected {want[0]} and {want[1]}")
         body.verify()
+
+
+def _verify_scan(layer: Layer, n_in: int, n_out: int) -> None:
+    """Scan's attribute lists: one entry per scan input and per scan output."""
+    a = layer.attrs
+    m = a.get("num_scan_inputs")
+    k = n_out - (n_in - m) if isinstance(m, int) else -1
+    lists = {"scan_input_axes": m, "scan_input_directions": m, "scan_output_axes": k, "scan_output_directions": k}
+    if not (isinstance(m, int) and 0 < m <= n_in and k >= 0 and isinstance(a.get("batched"), bool)
+            and all(isinstance(a.get(key), list) and len(a[key]) == count for key, count in lists.items())):
+        raise InternalError(f"layer {layer.name!r} (Scan): attributes do not fit its {n_in} scanned/state inputs "
+                            f"and {n_out} outputs")
 
 
 def run_body(body: Network, inputs: list[Any], device: torch.device) -> list[Any]:

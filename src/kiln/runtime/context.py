@@ -17,16 +17,21 @@ from kiln.ir import Layer, Network, Tensor
 from kiln.ir.dtype import DType, to_numpy
 from kiln.kinds import run_reference
 from kiln.runtime.io import as_torch, check_feeds
+from kiln.tactics.registry import Kernel
 
 Failure = Callable[[Layer, Exception], Exception]
 
 
-def run_layers(net: Network, values: dict[str, Any], fail: Failure,
-               release: list[list[str]] | None = None, keep: set[str] = frozenset()) -> None:
-    """Run `net`'s layers in order over `values` (updated in place); `fail` turns a layer's error into ours."""
+def run_layers(net: Network, values: dict[str, Any], fail: Failure, release: list[list[str]] | None = None,
+               keep: set[str] = frozenset(), kernels: list[Kernel] | None = None) -> None:
+    """Run `net`'s layers in order over `values` (updated in place); `fail` turns a layer's error into ours.
+
+    `kernels` (one per layer: the engine's compiled tactics) replace the layers' references where given.
+    """
     for step, layer in enumerate(net.layers):
+        args = [values[n] if n else None for n in layer.inputs]
         try:
-            outs = run_reference(layer.kind, [values[n] if n else None for n in layer.inputs], layer.attrs)
+            outs = kernels[step](args) if kernels else run_reference(layer.kind, args, layer.attrs)
         except KilnError:
             raise
         except (RuntimeError, ValueError, IndexError) as e:
@@ -121,7 +126,7 @@ class ExecutionContext:
         values.update({k: to_device(v, dev) for k, v in tensors.items()})
         keep = set(keep or ())
         with torch.inference_mode():
-            run_layers(net, values, self._failure, engine.memory_plan.release, keep)
+            run_layers(net, values, self._failure, engine.memory_plan.release, keep, engine.kernels)
         result = {n: values[n] for n in list(net.outputs) + sorted(keep - set(net.outputs))}
         return {n: to_host(v) for n, v in result.items()} if as_numpy else result
 
