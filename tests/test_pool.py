@@ -106,3 +106,9 @@ def test_lp_pool_fractional_p_is_rejected():
     with_output_type(model, [1, 1, 3, 3])
     with pytest.raises(UnsupportedOpError, match="non-integer p"):
         kiln.build(model, kiln.BuildConfig(device="cpu"))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_global_lp_pool(p):
+    x = np.random.default_rng(p).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    check_op("GlobalLpPool", {"x": x}, {"p": p})

@@ -17,6 +17,7 @@ from kiln.engine import Engine
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.passes import PassContext, default_passes, run_passes
+from kiln.runtime.context import to_device
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -84,7 +85,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     net.verify()
     info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,
             "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}
-    weights = {k: v.to(ctx.device.torch_device) for k, v in net.constants.items()}
+    weights = {k: to_device(v, ctx.device.torch_device) for k, v in net.constants.items()}
     cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
     choices = stage("tune", lambda: tune(net, weights, ctx.device, config.opt_level, config.tf32, cache,
                                          ctx.progress))

@@ -13,6 +13,7 @@ from kiln.engine import compat, plan
 from kiln.engine.serialize import network_from_json, network_to_json
 from kiln.errors import PlanError
 from kiln.ir import Network
+from kiln.runtime.context import to_device
 from kiln.runtime.memory_plan import plan_memory
 from kiln.tactics import registry
 from kiln.tactics.registry import Kernel
@@ -32,7 +33,7 @@ class Engine:
         self.build_info = dict(build_info or {})
         self.header = header
         self.memory_plan = plan_memory(network)
-        self.weights = {k: v.to(device.torch_device) for k, v in network.constants.items()}
+        self.weights = {k: to_device(v, device.torch_device) for k, v in network.constants.items()}
         self.has_dynamic_inputs = any(not network.tensors[n].is_static for n in network.inputs)
         self.tactics = {l.name: (tactics or {}).get(l.name) or Choice(registry.REFERENCE) for l in network.layers}
         self.kernels = [self._compile(layer) for layer in network.layers]

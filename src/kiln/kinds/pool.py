@@ -112,6 +112,15 @@ def global_max_pool(inputs, attrs):
     return x.amax(dim=tuple(range(2, x.dim())), keepdim=True)
 
 
+@kind("GlobalLpPool")
+def global_lp_pool(inputs, attrs):
+    """(Σ |x|^p)^(1/p) over all spatial dims, kept as size-1 dims."""
+    x = inputs[0]
+    dt, p = compute_dtype(x.dtype), float(attrs["p"])
+    dims = tuple(range(2, x.dim()))
+    return ((x.to(dt).abs() ** p).sum(dim=dims, keepdim=True) ** (1 / p)).to(x.dtype)
+
+
 @kind("MaxUnpool")
 def max_unpool(inputs, attrs):
     """ONNX MaxUnpool: inputs (X, I, optional output_shape); attrs kernel_shape, strides, pads.

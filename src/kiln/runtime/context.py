@@ -16,6 +16,7 @@ from kiln.errors import InputError, InternalError, KilnError
 from kiln.ir import Layer, Network, Tensor
 from kiln.ir.dtype import DType, to_numpy
 from kiln.kinds import run_reference
+from kiln.runtime.cuda_graph import GraphCache
 from kiln.runtime.io import as_torch, check_feeds
 from kiln.tactics.registry import Kernel
 
@@ -103,6 +104,9 @@ class ExecutionContext:
 
     def __init__(self, engine):
         self.engine = engine
+        cuda = engine.device.backend == "cuda"
+        self.stream = torch.cuda.Stream() if cuda else None
+        self.graphs = GraphCache(self.stream) if cuda and engine.config.cuda_graph else None
 
     def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None) -> dict[str, Any]:
         """Run the engine. numpy in → numpy out; torch or DLPack in → torch out (on the engine's device).
@@ -122,13 +126,32 @@ class ExecutionContext:
             tensors[t.name], was_numpy = _feed_value(t, feeds[t.name])
             as_numpy |= was_numpy
         dev = engine.device.torch_device
-        values: dict[str, Any] = dict(engine.weights)
-        values.update({k: to_device(v, dev) for k, v in tensors.items()})
+        inputs = {k: to_device(v, dev) for k, v in tensors.items()}
         keep = set(keep or ())
-        with torch.inference_mode():
-            run_layers(net, values, self._failure, engine.memory_plan.release, keep, engine.kernels)
-        result = {n: values[n] for n in list(net.outputs) + sorted(keep - set(net.outputs))}
+        if self.stream is None:
+            result = self._run(inputs, keep)
+        else:
+            caller = torch.cuda.current_stream()
+            self.stream.wait_stream(caller)
+            with torch.cuda.stream(self.stream):
+                result = (self.graphs.run(self._run, inputs) if self.graphs is not None and not keep else None) \
+                    or self._run(inputs, keep)
+            caller.wait_stream(self.stream)
         return {n: to_host(v) for n, v in result.items()} if as_numpy else result
+
+    def _run(self, inputs: dict[str, Any], keep: set[str] = frozenset()) -> dict[str, Any]:
+        """One eager pass over the engine's kernels; returns outputs (and the kept intermediates)."""
+        net = self.engine.network
+        values: dict[str, Any] = dict(self.engine.weights)
+        values.update(inputs)
+        with torch.inference_mode():
+            run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, self.engine.kernels)
+        return {n: values[n] for n in list(net.outputs) + sorted(keep - set(net.outputs))}
+
+    @property
+    def eager_reasons(self) -> dict:
+        """Input signatures that could not be captured in a CUDA graph, and why."""
+        return dict(self.graphs.eager) if self.graphs is not None else {}
 
     def _failure(self, layer: Layer, e: Exception) -> Exception:
         if self.engine.has_dynamic_inputs:

@@ -33,7 +33,7 @@ def max_unpool(node: OnnxNode, ctx: ImportContext) -> None:
              {k: attrs[k] for k in ("kernel_shape", "strides", "pads")})
 
 
-register_direct("GlobalAveragePool", "GlobalMaxPool", since=1)
+register_direct("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", since=1)
 
 
 @register("RoiAlign", since=10)
