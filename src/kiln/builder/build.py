@@ -17,11 +17,12 @@ from kiln.engine import Engine
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.passes import PassContext, default_passes, run_passes
+from kiln.quant import apply_precision
 from kiln.runtime.context import to_device
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
-STAGES = ("load", "import", "optimize", "tune", "plan")
+STAGES = ("load", "import", "optimize", "precision", "tune", "plan")
 
 
 @dataclass
@@ -40,14 +41,12 @@ def _unhonoured(config: BuildConfig, device: Device) -> list[str]:
     if device.backend != "cpu":
         return []
     notes = []
-    for flag in ("fp16", "bf16", "tf32", "int8", "fp8"):
-        if getattr(config, flag):
-            notes.append(f"--{flag} is not honoured by the CPU backend: the engine computes in the model's "
-                         "own precision (build on a GPU for reduced precision)")
+    if config.tf32:
+        notes.append("--tf32 has no effect on the CPU backend: it computes fp32 layers in full fp32")
+    if config.fp16 or config.bf16:
+        notes.append("the CPU backend runs fp16/bf16 layers through its reference kernels: correct, not fast")
     if config.timing_cache:
         notes.append("--timing-cache is unused by the CPU backend: it has no kernels to tune")
-    if config.layer_precisions:
-        notes.append("--layer-precision is unused by the CPU backend: every layer runs in the model's precision")
     return notes
 
 
@@ -82,6 +81,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     imported_layers = len(net.layers)
     pctx = PassContext(fold_budget_bytes=config.fold_budget_bytes)
     net = stage("optimize", lambda: run_passes(net, default_passes(), pctx))
+    ctx.notes += stage("precision", lambda: apply_precision(net, config))
     net.verify()
     info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,
             "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}

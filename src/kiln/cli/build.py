@@ -14,7 +14,7 @@ from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, s
 from kiln.config import Profile, ShapeRange
 from kiln.errors import ConfigError
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
 def _flag(name: str, what: str):

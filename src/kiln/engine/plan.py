@@ -148,10 +148,10 @@ def read(path: str | os.PathLike) -> Plan:
     except (ValueError, RecursionError) as e:
         raise PlanError(f"{path}: manifest is not valid JSON ({e})") from None
     blob = payload[8 + mlen:]
-    if blob[:1] == b"\x80" or blob[:2] == b"PK":
-        raise PlanError(f"{path}: weights section is not safetensors ({_explain_foreign(blob[:8])})")
     try:
         tensors = safetensors.torch.load(blob)
-    except Exception as e:  # safetensors raises its own error types
-        raise PlanError(f"{path}: weights section is not valid safetensors ({e})") from None
+    except Exception as e:  # safetensors raises its own error types; a pickle or zip is named as such
+        foreign = _explain_foreign(blob[:8])
+        detail = foreign if foreign != "bad magic bytes" else str(e)
+        raise PlanError(f"{path}: weights section is not valid safetensors ({detail})") from None
     return Plan(header, manifest, tensors)

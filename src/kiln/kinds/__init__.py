@@ -8,6 +8,7 @@ from kiln.kinds import (  # noqa: F401  (imported for their registrations)
     conv,
     detection,
     elementwise,
+    fused,
     indexing,
     linalg,
     loss,

@@ -7,5 +7,15 @@ from kiln.passes.eliminate_identity import eliminate_identity
 from kiln.passes.fold_batchnorm import fold_batchnorm
 from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fold_shape_arithmetic import fold_shape_arithmetic
+from kiln.passes.fuse_attention import fuse_attention
+from kiln.passes.fuse_conv_epilogue import fuse_conv_epilogue
+from kiln.passes.fuse_gemm_epilogue import fuse_gemm_epilogue
+from kiln.passes.fuse_layernorm import fuse_layernorm
+from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
 
-DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm, eliminate_dead]
+# Folding first (BatchNorm must be folded into its Conv before the conv epilogue is fused); the
+# decomposed-LayerNorm and attention patterns before the epilogue fusions that would take their
+# pieces; pointwise chains last, so they only get what no other fusion wanted.
+DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm,
+                 fuse_layernorm, fuse_attention, fuse_conv_epilogue, fuse_gemm_epilogue,
+                 fuse_pointwise_chain, eliminate_dead]

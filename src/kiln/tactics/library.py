@@ -1,3 +1,3 @@
 """Importing this module registers every tactic module."""
 
-from kiln.tactics import torch_attention, torch_conv, torch_gemm, torch_norm  # noqa: F401
+from kiln.tactics import torch_attention, torch_conv, torch_gemm, torch_norm, triton_attention, triton_gemm, triton_norm, triton_pointwise  # noqa: F401,E501

@@ -71,10 +71,17 @@ def _load() -> None:
 
 
 def reference_kernel(spec: LayerSpec) -> Kernel:
+    """The layer's reference, with TF32 only where the build asked for it (torch enables it for cuDNN by default)."""
     from kiln.kinds import run_reference
+    from kiln.tactics.common import tf32
 
-    kind, attrs = spec.kind, spec.attrs
-    return lambda inputs: run_reference(kind, inputs, attrs)
+    kind, attrs, allow = spec.kind, spec.attrs, spec.tf32
+
+    def run(inputs):
+        with tf32(allow):
+            return run_reference(kind, inputs, attrs)
+
+    return run
 
 
 REFERENCE = "reference"

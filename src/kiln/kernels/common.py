@@ -1,0 +1,119 @@
+"""What the Triton kernel modules share: interpreter detection, dot precision, device limits, activations."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton reads it when kernels are decorated, as here
+DEFAULT_SMEM = 48 * 1024  # bytes every CUDA device gives a block without opting in
+
+
+def dot_precision(dtype: torch.dtype, tf32: bool) -> str:
+    """tl.dot input precision: fp32 layers stay in true fp32 ("ieee") unless TF32 is allowed."""
+    return "ieee" if dtype == torch.float32 and not tf32 else "tf32"
+
+
+def upcast_dot(dtype: torch.dtype) -> bool:
+    """Whether dot operands go to fp32 first: triton 3.9's interpreter multiplies bf16 as raw uint16 bits."""
+    return INTERPRET and dtype == torch.bfloat16
+
+
+def capability(device) -> tuple[int, int] | None:
+    """The CUDA compute capability of a kiln Device, None off CUDA."""
+    if getattr(device, "backend", None) != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device.torch_device)
+
+
+def smem_limit(device) -> int:
+    """Shared memory one block may use on `device` (the opt-in maximum where torch reports it)."""
+    if capability(device) is None:
+        return DEFAULT_SMEM
+    props = torch.cuda.get_device_properties(device.torch_device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM)
+
+
+def dtype_reason(dtype: torch.dtype, device) -> str | None:
+    """Why a kernel cannot run `dtype` on `device` (bf16 needs sm_80), or None."""
+    cc = capability(device)
+    if dtype == torch.bfloat16 and cc is not None and cc < (8, 0):
+        return f"bf16 needs compute capability 8.0, the device has {cc[0]}.{cc[1]}"
+    return None
+
+
+def pow2(n: int, lo: int, hi: int) -> int:
+    """The next power of two of n, clamped to [lo, hi]."""
+    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
+
+
+@triton.jit
+def sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def tanh(x):
+    """tanh through exp (tl.math has no tanh in every triton release); odd, so computed on |x|."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def activate(x, ACT: tl.constexpr, alpha, beta):
+    """Apply activation ACT (a name from ACTIVATIONS) to fp32 `x`; alpha/beta are its attributes."""
+    if ACT == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACT == "leaky_relu":
+        x = tl.where(x >= 0, x, x * alpha)
+    elif ACT == "sigmoid":
+        x = sigmoid(x)
+    elif ACT == "tanh":
+        x = tanh(x)
+    elif ACT == "gelu_erf":
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACT == "gelu_tanh":
+        x = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    elif ACT == "silu":
+        x = x * sigmoid(alpha * x)
+    elif ACT == "hard_sigmoid":
+        x = tl.minimum(tl.maximum(alpha * x + beta, 0.0), 1.0)
+    elif ACT == "hard_swish":
+        x = x * tl.minimum(tl.maximum(x / 6.0 + 0.5, 0.0), 1.0)
+    elif ACT == "softsign":
+        x = x / (1.0 + tl.abs(x))
+    elif ACT == "elu":
+        x = tl.where(x > 0, x, alpha * (tl.exp(x) - 1.0))
+    elif ACT == "clip":
+        x = tl.minimum(tl.maximum(x, alpha), beta)
+    return x
+
+
+ACTIVATIONS = ("none", "relu", "leaky_relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu",
+               "hard_sigmoid", "hard_swish", "softsign", "elu", "clip")
+
+MAX_ROW_BLOCK = 8192  # widest row a row kernel keeps in registers (fp32: 32 values per thread at 8 warps)
+
+
+def row_config(n: int) -> dict:
+    """The default config of a one-program-per-row kernel: the whole row in one block when it fits."""
+    block = pow2(n, 16, MAX_ROW_BLOCK)
+    return {"BLOCK": block, "num_warps": pow2(block // 256, 1, 8)}
+
+
+def row_configs(n: int, level: int) -> list[dict]:
+    """The default row config, then (level ≥ 2) other warp counts and narrower chunk widths."""
+    first = row_config(n)
+    if level <= 1:
+        return [first]
+    out = [first]
+    for block in sorted({first["BLOCK"], pow2(n, 16, 2048), pow2(n, 16, 512)}, reverse=True):
+        for warps in (1, 2, 4, 8, 16):
+            cfg = {"BLOCK": block, "num_warps": warps}
+            if 1 <= block // (32 * warps) <= 64 and cfg not in out:
+                out.append(cfg)
+    return out

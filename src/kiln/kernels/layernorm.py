@@ -1,0 +1,69 @@
+"""LayerNorm over the last dim: one program per row, statistics in fp32.
+
+A row that fits one block (N ≤ BLOCK) is read once and kept in registers; wider rows are walked in
+BLOCK-wide chunks three times (mean, variance, normalize) so that any width runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kiln.kernels.common import row_config
+
+
+
+@triton.jit
+def _layernorm_kernel(x, w, b, y, N, s_x, s_y, eps, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                      ONE_PASS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x += row * s_x
+    y += row * s_y
+    cols = tl.arange(0, BLOCK)
+    if ONE_PASS:
+        inside = cols < N
+        v = tl.load(x + cols, mask=inside, other=0.0).to(tl.float32)
+        mean = tl.sum(v, 0) / N
+        d = tl.where(inside, v - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
+        out = d * rstd * tl.load(w + cols, mask=inside, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            out += tl.load(b + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(y + cols, out.to(y.dtype.element_ty), mask=inside)
+    else:
+        total = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, N, BLOCK):
+            total += tl.load(x + start + cols, mask=start + cols < N, other=0.0).to(tl.float32)
+        mean = tl.sum(total, 0) / N
+        total = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, N, BLOCK):
+            inside = start + cols < N
+            d = tl.where(inside, tl.load(x + start + cols, mask=inside, other=0.0).to(tl.float32) - mean, 0.0)
+            total += d * d
+        rstd = 1.0 / tl.sqrt(tl.sum(total, 0) / N + eps)
+        for start in range(0, N, BLOCK):
+            inside = start + cols < N
+            v = tl.load(x + start + cols, mask=inside, other=0.0).to(tl.float32)
+            out = (v - mean) * rstd * tl.load(w + start + cols, mask=inside, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                out += tl.load(b + start + cols, mask=inside, other=0.0).to(tl.float32)
+            tl.store(y + start + cols, out.to(y.dtype.element_ty), mask=inside)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+               config: dict | None = None) -> torch.Tensor:
+    """LayerNorm of x over its last dim; weight and bias hold the last dim's N values."""
+    n = x.shape[-1]
+    cfg = config or row_config(n)
+    x2 = x.reshape(-1, n)
+    if x2.numel() and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x2.numel() == 0:
+        return y
+    w = weight.reshape(-1)
+    b = bias.reshape(-1) if bias is not None else w
+    _layernorm_kernel[(x2.shape[0],)](x2, w, b, y, n, x2.stride(0), n, float(eps), HAS_BIAS=bias is not None,
+                                      BLOCK=cfg["BLOCK"], ONE_PASS=n <= cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return y

@@ -1,0 +1,57 @@
+"""Elementwise activations: y = act(x) over a contiguous tensor, computed in fp32, BLOCK values per program.
+
+The op table maps each layer kind to a name of `common.activate` and the attributes it reads, so
+that one kernel source serves every activation (each name compiles to its own specialization).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kiln.kernels.common import activate
+
+# kind -> (activation name or a function of the attrs giving it, (alpha attr, default), (beta attr, default))
+OPS = {
+    "Relu": ("relu", None, None),
+    "LeakyRelu": ("leaky_relu", ("alpha", 0.01), None),
+    "Sigmoid": ("sigmoid", None, None),
+    "Tanh": ("tanh", None, None),
+    "Gelu": (lambda a: "gelu_tanh" if a.get("approximate") == "tanh" else "gelu_erf", None, None),
+    "Swish": ("silu", ("alpha", 1.0), None),
+    "HardSigmoid": ("hard_sigmoid", ("alpha", 0.2), ("beta", 0.5)),
+    "HardSwish": ("hard_swish", None, None),
+    "Softsign": ("softsign", None, None),
+    "Elu": ("elu", ("alpha", 1.0), None),
+}
+CONFIGS = [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8}, {"BLOCK": 4096, "num_warps": 8},
+           {"BLOCK": 512, "num_warps": 4}, {"BLOCK": 1024, "num_warps": 2}]
+
+
+@triton.jit
+def _pointwise_kernel(x, y, n, alpha, beta, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    v = tl.load(x + offs, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y + offs, activate(v, ACT, alpha, beta).to(y.dtype.element_ty), mask=inside)
+
+
+def resolve(kind: str, attrs: dict) -> tuple[str, float, float]:
+    """(activation name, alpha, beta) of a layer of `kind` with `attrs`."""
+    name, a, b = OPS[kind]
+    return (name(attrs) if callable(name) else name, float(attrs.get(a[0], a[1])) if a else 0.0,
+            float(attrs.get(b[0], b[1])) if b else 0.0)
+
+
+def apply(x: torch.Tensor, activation: str, alpha: float = 0.0, beta: float = 0.0,
+          config: dict | None = None) -> torch.Tensor:
+    """act(x) elementwise in x's dtype."""
+    cfg = config or CONFIGS[0]
+    src = x.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = src.numel()
+    if n:
+        _pointwise_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](src, y, n, float(alpha), float(beta), ACT=activation,
+                                                           BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return y

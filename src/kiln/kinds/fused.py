@@ -1,0 +1,111 @@
+"""Reference implementations of the fused layer kinds the fuse_* passes produce.
+
+Each is written as the composition of the references of the kinds it replaces, so its semantics
+(dtypes, broadcasting, rounding of every step) stay defined in one place; GPU tactics implement
+the fused kinds in one kernel and are checked against these.
+
+Activations of FusedConv / FusedGemm (`activation`, `activation_params`):
+  "none", "Relu", "Sigmoid", "Tanh", "HardSwish", "SiLU" (x·sigmoid(x)), "Gelu" (exact, erf),
+  "GeluTanh" (tanh approximation): no params; "LeakyRelu": [alpha]; "Clip": [min, max]
+  (None: unbounded on that side; ReLU6 is [0.0, 6.0]).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.kinds.registry import kind, run_reference
+
+
+def _ref(kind_name: str, inputs: list, attrs: dict | None = None) -> torch.Tensor:
+    return run_reference(kind_name, inputs, attrs or {})[0]
+
+
+def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
+def activate(y: torch.Tensor, name: str, params: list) -> torch.Tensor:
+    """Apply the named epilogue activation (module docstring) through the activation kinds' references."""
+    if name == "none":
+        return y
+    if name == "SiLU":
+        return _ref("Mul", [y, _ref("Sigmoid", [y])])
+    if name == "Clip":
+        lo, hi = params
+        return _ref("Clip", [y, None if lo is None else _scalar(lo, y), None if hi is None else _scalar(hi, y)])
+    if name == "LeakyRelu":
+        return _ref("LeakyRelu", [y], {"alpha": params[0]})
+    if name in ("Gelu", "GeluTanh"):
+        return _ref("Gelu", [y], {"approximate": "tanh" if name == "GeluTanh" else "none"})
+    return _ref(name, [y])
+
+
+@kind("FusedConv")
+def fused_conv(inputs, attrs):
+    """Conv(X, W, B) (+ R when `residual`) then `activation`. Inputs: X, W, optional B, optional R
+    (same shape as the conv output). attrs: Conv's, plus residual, activation, activation_params."""
+    x, w, b, r = (list(inputs) + [None] * 4)[:4]
+    y = _ref("Conv", [x, w, b], attrs)
+    if r is not None:
+        y = _ref("Add", [y, r])
+    return activate(y, attrs["activation"], attrs["activation_params"])
+
+
+@kind("FusedGemm")
+def fused_gemm(inputs, attrs):
+    """A @ W (+ bias) then `activation`. Inputs: A (N-D, [..., K]), W (2-D: [K, N], or [N, K] when
+    `trans_b`), optional bias [N]. attrs: trans_b, activation, activation_params."""
+    a, w, bias = (list(inputs) + [None] * 3)[:3]
+    y = _ref("MatMul", [a, w.t() if attrs["trans_b"] else w])
+    if bias is not None:
+        y = _ref("Add", [y, bias])
+    return activate(y, attrs["activation"], attrs["activation_params"])
+
+
+@kind("FusedAttention")
+def fused_attention(inputs, attrs):
+    """Softmax(scale · Q @ Kᵀ + mask, last axis) @ V, as MatMul → scale → Add → Softmax → MatMul.
+
+    Inputs: Q [..., Sq, D], KT (the key already transposed, [..., D, Skv], as exporters write it),
+    V [..., Skv, Dv], optional additive float mask (broadcast like Add). attrs: scale (float, or None:
+    1/√D of Q's last dim at run time); scale_on "scores" (the product is multiplied by scale) or "qk"
+    (Q and KT are each multiplied by √scale first, as torch's SDPA decomposition writes it).
+    """
+    q, kt, v, mask = (list(inputs) + [None] * 4)[:4]
+    scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    if attrs["scale_on"] == "qk":
+        root = _scalar(math.sqrt(scale), q)
+        q, kt = _ref("Mul", [q, root]), _ref("Mul", [kt, root])
+    scores = _ref("MatMul", [q, kt])
+    if attrs["scale_on"] == "scores":
+        scores = _ref("Mul", [scores, _scalar(scale, scores)])
+    if mask is not None:
+        scores = _ref("Add", [scores, mask])
+    return _ref("MatMul", [_ref("Softmax", [scores], {"axis": -1}), v])
+
+
+@kind("AddLayerNorm")
+def add_layer_norm(inputs, attrs):
+    """S = A + B (same shapes), Y = LayerNormalization(S, scale, bias). Outputs: Y, S.
+    attrs: LayerNormalization's (axis, epsilon, stash_type)."""
+    a, b, scale, bias = (list(inputs) + [None] * 4)[:4]
+    s = _ref("Add", [a, b])
+    return _ref("LayerNormalization", [s, scale, bias], attrs), s
+
+
+@kind("PointwiseChain")
+def pointwise_chain(inputs, attrs):
+    """A tree of elementwise layers run as one. attrs: program, a list of steps [kind, refs, flat_attrs].
+
+    Values are numbered: value i < len(inputs) is input i, value len(inputs) + j is step j's result.
+    `refs` lists a step's operands by value number (None: an omitted optional input); `flat_attrs`
+    is [name, value, name, value, ...] of the step's attributes. The last step's value is the output.
+    """
+    values = list(inputs)
+    for step_kind, refs, flat in attrs["program"]:
+        step_attrs = dict(zip(flat[::2], flat[1::2]))
+        values.append(_ref(step_kind, [None if r is None else values[r] for r in refs], step_attrs))
+    return values[-1]

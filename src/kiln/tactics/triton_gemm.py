@@ -1,0 +1,100 @@
+"""MatMul, Gemm and FusedGemm through the generated Triton GEMM (kernels/gemm.py): constant right
+operand, alpha/beta/bias/activation fused into the epilogue, tile configs pruned by shared memory."""
+
+from __future__ import annotations
+
+from kiln.kernels import gemm
+from kiln.kernels.common import smem_limit
+from kiln.tactics.common import rank
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_common import io_reason, rows
+
+# FusedGemm activation (kinds/fused.py) -> kernels.common.activate name
+_FUSED_ACTS = {"none": "none", "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "HardSwish": "hard_swish",
+               "SiLU": "silu", "Gelu": "gelu_erf", "GeluTanh": "gelu_tanh", "LeakyRelu": "leaky_relu", "Clip": "clip"}
+
+
+def _configs(spec: LayerSpec, m: int | None, device, level: int):
+    k, n = spec.inputs[1].const.shape[-2:]
+    if spec.attrs.get("transB") or spec.attrs.get("trans_b"):
+        k, n = n, k
+    return gemm.configs(m, n, k, spec.outputs[0].dtype.torch.itemsize, smem_limit(device), level)
+
+
+def _supports_matmul(spec: LayerSpec, device) -> str | None:
+    """MatMul and FusedGemm: a constant 2-D right operand, an N-D left operand, an optional 1-D bias."""
+    w = spec.inputs[1]
+    if w is None or w.const is None or w.const.dim() != 2:
+        return "right operand is not a constant 2-D matrix"
+    if rank(spec.inputs[0]) in (None, 0):
+        return "left operand rank unknown or scalar"
+    if spec.attrs.get("activation", "none") not in _FUSED_ACTS:
+        return f"activation {spec.attrs['activation']!r} has no Triton epilogue"
+    bias = spec.inputs[2] if len(spec.inputs) > 2 else None
+    if bias is not None and rank(bias) != 1:
+        return "bias is not 1-D"
+    return io_reason(spec, [*spec.inputs, spec.outputs[0]], device)
+
+
+def _configs_matmul(spec: LayerSpec, device, level: int):
+    return _configs(spec, rows(spec.inputs[0]), device, level)
+
+
+def _epilogue(attrs: dict) -> tuple[str, float, float]:
+    """(activation, act_alpha, act_beta) of a FusedGemm: LeakyRelu's alpha, Clip's bounds (None: unbounded)."""
+    name, params = attrs.get("activation", "none"), list(attrs.get("activation_params") or [])
+    if name == "Clip":
+        lo, hi = params
+        return "clip", -float("inf") if lo is None else lo, float("inf") if hi is None else hi
+    return _FUSED_ACTS[name], params[0] if name == "LeakyRelu" else 1.0, 0.0
+
+
+def _compile_matmul(spec: LayerSpec, config, device):
+    """MatMul, or FusedGemm (`trans_b`, bias, activation): rows of the N-D left operand times W."""
+    b = spec.inputs[1].const
+    w = (b.t() if spec.attrs.get("trans_b") else b).contiguous()
+    act, act_alpha, act_beta = _epilogue(spec.attrs)
+    tf32 = spec.tf32
+
+    def run(inputs):
+        a, bias = inputs[0], inputs[2] if len(inputs) > 2 else None
+        y = gemm.matmul(a.reshape(-1, a.shape[-1]), w, bias, activation=act, act_alpha=act_alpha,
+                        act_beta=act_beta, config=config, tf32=tf32)
+        return [y.reshape(*a.shape[:-1], w.shape[1])]
+
+    return run
+
+
+def _supports_gemm(spec: LayerSpec, device) -> str | None:
+    b = spec.inputs[1]
+    if b is None or b.const is None:
+        return "B is not a build-time constant"
+    if rank(spec.inputs[0]) != 2 or b.const.dim() != 2:
+        return "A and B must be 2-D"
+    return io_reason(spec, [*spec.inputs, spec.outputs[0]], device)
+
+
+def _configs_gemm(spec: LayerSpec, device, level: int):
+    m = spec.inputs[0].shape[1 if spec.attrs.get("transA") else 0]
+    return _configs(spec, m if isinstance(m, int) else None, device, level)
+
+
+def _compile_gemm(spec: LayerSpec, config, device):
+    a = spec.attrs
+    b = spec.inputs[1].const
+    w = (b.t() if a["transB"] else b).contiguous()
+    trans_a, alpha, beta, tf32 = a["transA"], a["alpha"], a["beta"], spec.tf32
+
+    def run(inputs):
+        x = inputs[0].t() if trans_a else inputs[0]
+        c = inputs[2] if len(inputs) > 2 else None
+        return [gemm.matmul(x, w, c, alpha=alpha, beta=beta, config=config, tf32=tf32)]
+
+    return run
+
+
+register(Tactic("triton_matmul", ("MatMul",), _compile_matmul, _supports_matmul, _configs_matmul, priority=20))
+register(Tactic("triton_fused_gemm", ("FusedGemm",), _compile_matmul, _supports_matmul, _configs_matmul,
+                priority=20))
+register(Tactic("triton_gemm", ("Gemm",), _compile_gemm, _supports_gemm, _configs_gemm, priority=20))

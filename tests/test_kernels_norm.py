@@ -1,0 +1,144 @@
+"""Triton LayerNorm and Softmax row kernels and their tactics against the LayerNormalization / Softmax references.
+
+Both paths are covered: the whole row in one block, and chunked rows (a 16-wide block over 50 values).
+Tolerances: fp32 1e-5 (fp32 statistics like the reference); fp16 / bf16 the autotuner's (the output
+is rounded once in the half type, the reference may round one ulp the other way).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kiln.builder.autotune import TOLERANCE  # noqa: E402
+from kiln.builder.device import Device  # noqa: E402
+from kiln.ir import DType  # noqa: E402
+from kiln.kernels import common, layernorm, softmax  # noqa: E402
+from kiln.kinds import run_reference  # noqa: E402
+from kiln.tactics import registry  # noqa: E402
+from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
+
+TOL = {**TOLERANCE, torch.float32: (1e-5, 1e-5)}
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # interpreter: -inf - -inf
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+CPU = Device("cpu", "cpu", "cpu")
+CHUNKED = {"BLOCK": 16, "num_warps": 1}
+LN = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
+
+
+def _spec(kind, attrs, inputs, consts=(), outputs=1):
+    """The LayerSpec of a layer with these inputs (indices in `consts` are constants); its first `outputs`
+    reference outputs are requested, the rest are not (dtype None)."""
+    vals = tuple(None if t is None else ValueSpec(DType.from_torch(t.dtype), tuple(t.shape), t if i in consts else None)
+                 for i, t in enumerate(inputs))
+    want = run_reference(kind, inputs, attrs)
+    outs = [ValueSpec(DType.from_torch(w.dtype), tuple(w.shape)) if i < outputs else ValueSpec(None, None)
+            for i, w in enumerate(want)]
+    return LayerSpec("l", kind, attrs, vals, tuple(outs)), want
+
+
+def _check(got, want):
+    rtol, atol = TOL[want.dtype]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", [None, CHUNKED])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_kernel(dtype, config, bias):
+    x = (torch.randn(3, 5, 50) * 3 + 1).to(dtype)
+    w, b = torch.randn(50).to(dtype), torch.randn(50).to(dtype) if bias else None
+    want = run_reference("LayerNormalization", [x, w, b], LN)[0]
+    _check(layernorm.layer_norm(x, w, b, 1e-5, config), want)
+
+
+def test_layernorm_strided_rows_and_empty_input():
+    x = torch.randn(7, 64)[:, :50]  # rows 64 apart
+    w, b = torch.randn(50), torch.randn(50)
+    _check(layernorm.layer_norm(x, w, b, 1e-5), run_reference("LayerNormalization", [x, w, b], LN)[0])
+    assert layernorm.layer_norm(torch.randn(0, 50), w, b, 1e-5).shape == (0, 50)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_tactic(dtype):
+    inputs = [torch.randn(2, 4, 24).to(dtype), torch.randn(1, 24).to(dtype), torch.randn(24).to(dtype)]
+    spec, want = _spec("LayerNormalization", {**LN, "epsilon": 1e-3}, inputs, consts={1, 2})
+    tactic = registry.get("triton_layernorm")
+    assert tactic.supports(spec, CPU) is None
+    for config in tactic.configs(spec, CPU, 3):
+        _check(tactic.compile(spec, config, CPU)(inputs)[0], want[0])
+
+
+def test_layernorm_supports_reasons():
+    x, w = torch.randn(2, 4, 6), torch.randn(6)
+    tactic = registry.get("triton_layernorm")
+    assert "Mean" in tactic.supports(_spec("LayerNormalization", LN, [x, w], outputs=3)[0], CPU)
+    assert "last dim" in tactic.supports(_spec("LayerNormalization", {**LN, "axis": 1}, [x, torch.randn(4, 6)])[0], CPU)
+    assert "stash_type" in tactic.supports(_spec("LayerNormalization", {**LN, "stash_type": 11}, [x, w])[0], CPU)
+    assert "scale" in tactic.supports(_spec("LayerNormalization", LN, [x, torch.randn(4, 6)])[0], CPU)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", [None, CHUNKED])
+def test_softmax_kernel(dtype, config):
+    """Large logits, a row with a -inf prefix (chunked path: whole -inf chunks), an all -inf row (NaN, like torch)."""
+    x = (torch.randn(4, 3, 50) * 20).to(dtype)
+    x[0, 1, :20] = float("-inf")
+    x[1, 2, :] = float("-inf")
+    _check(softmax.softmax(x, config), run_reference("Softmax", [x], {"axis": -1})[0])
+
+
+@pytest.mark.parametrize("axis", [-1, 2])
+def test_softmax_tactic(axis):
+    inputs = [torch.randn(2, 3, 40)]
+    spec, want = _spec("Softmax", {"axis": axis}, inputs)
+    tactic = registry.get("triton_softmax")
+    assert tactic.supports(spec, CPU) is None
+    for config in tactic.configs(spec, CPU, 3):
+        _check(tactic.compile(spec, config, CPU)(inputs)[0], want[0])
+
+
+def test_softmax_supports_reasons():
+    x = torch.randn(2, 3, 4)
+    tactic = registry.get("triton_softmax")
+    assert "2-D" in tactic.supports(_spec("Softmax", {"axis": 1, "flatten": 1}, [x])[0], CPU)
+    assert "last" in tactic.supports(_spec("Softmax", {"axis": 1}, [x])[0], CPU)
+    assert "float" in tactic.supports(_spec("Softmax", {"axis": -1}, [x.double()])[0], CPU)
+
+
+def test_row_configs():
+    assert common.row_configs(768, 1) == [{"BLOCK": 1024, "num_warps": 4}]
+    wide = common.row_configs(100_000, 5)
+    assert wide[0]["BLOCK"] == common.MAX_ROW_BLOCK and len(wide) > 3
+    assert all(1 <= c["BLOCK"] // (32 * c["num_warps"]) <= 64 for c in wide)
+
+
+def _cuda():
+    return Device("cuda", torch.cuda.get_device_name(0), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [768, 1000, 20000])
+def test_gpu_layernorm_every_config(dtype, width):
+    inputs = [torch.randn(128, width, device="cuda").to(dtype), torch.randn(width, device="cuda").to(dtype),
+              torch.randn(width, device="cuda").to(dtype)]
+    spec, want = _spec("LayerNormalization", LN, inputs, consts={1, 2})
+    tactic = registry.get("triton_layernorm")
+    for config in tactic.configs(spec, _cuda(), 5):
+        _check(tactic.compile(spec, config, _cuda())(inputs)[0], want[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 12, 128, 128), (4, 30000)])
+def test_gpu_softmax_every_config(dtype, shape):
+    inputs = [(torch.randn(shape, device="cuda") * 5).to(dtype)]
+    spec, want = _spec("Softmax", {"axis": -1}, inputs)
+    tactic = registry.get("triton_softmax")
+    for config in tactic.configs(spec, _cuda(), 5):
+        _check(tactic.compile(spec, config, _cuda())(inputs)[0], want[0])

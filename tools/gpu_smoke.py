@@ -1,0 +1,109 @@
+"""GPU smoke check: build small and real models on CUDA, compare with the CPU reference, time vs torch.
+
+    PYTHONPATH=src python tools/gpu_smoke.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import kiln  # noqa: E402
+from models.export import export  # noqa: E402
+
+
+def timed(fn, iters=50, warmup=10):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return float(np.median(times))
+
+
+def cosine(a, b):
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a @ b) / (a.norm() * b.norm() + 1e-30))
+
+
+def check_model(name, model, x, out_dir, results, **cfg):
+    path = out_dir / f"{name}.onnx"
+    if not path.exists():
+        export(model.cpu().float(), (x.cpu(),), path, dynamo=False, input_names=["input"], output_names=["out"])
+    row = {"model": name, **cfg}
+    try:
+        t0 = time.perf_counter()
+        config = kiln.BuildConfig.with_shapes({"input": tuple(x.shape)}, device="cuda",
+                                              timing_cache=str(out_dir / "timing.db"), **cfg)
+        engine = kiln.build(path, config)
+        row["build_s"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        kiln.build(path, config)
+        row["rebuild_s"] = round(time.perf_counter() - t0, 2)
+        row["tactics"] = engine.build_info.get("tactics")
+        row["layers"] = len(engine.network.layers)
+        ctx = engine.create_context()
+        xg = x.cuda()
+        got = ctx.run({"input": xg})["out"]
+        with torch.no_grad():
+            want = model.cuda().float()(xg.float())
+        row["cosine_vs_torch_fp32"] = cosine(got.float(), want)
+        row["kiln_ms"] = timed(lambda: ctx.run({"input": xg}))
+        row["graph_eager_reasons"] = {str(k): v for k, v in ctx.eager_reasons.items()}
+        m = model.cuda().eval()
+        if cfg.get("fp16"):
+            m = m.half()
+            xg = xg.half()
+        with torch.no_grad():
+            row["torch_eager_ms"] = timed(lambda: m(xg))
+        rejected = {}
+        for lname, c in engine.tactics.items():
+            for tac, why in c.rejected:
+                rejected.setdefault(why[:80], 0)
+                rejected[why[:80]] += 1
+        row["rejections"] = dict(sorted(rejected.items(), key=lambda kv: -kv[1])[:8])
+    except Exception as e:  # a smoke check reports, it does not stop
+        import traceback
+        row["error"] = traceback.format_exc()[-1500:]
+    results.append(row)
+    print(json.dumps(row, indent=1, default=str), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/kiln-smoke")
+    ap.add_argument("--models", default="resnet50,bert")
+    ap.add_argument("--fp16", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__, flush=True)
+    torch.manual_seed(0)
+    if "resnet50" in args.models:
+        import torchvision
+        check_model("resnet50", torchvision.models.resnet50().eval(), torch.randn(1, 3, 224, 224), out, results,
+                    fp16=args.fp16)
+    if "vit" in args.models:
+        import torchvision
+        check_model("vit_b_16", torchvision.models.vit_b_16().eval(), torch.randn(1, 3, 224, 224), out, results,
+                    fp16=args.fp16)
+    (out / "smoke.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
