@@ -100,7 +100,7 @@ def _table(results: Results, notes: list[str]) -> list[str]:
 def _header(results: Results) -> list[str]:
     v, dev = results["versions"], results["device"]
     runs = [f"- run {run['started']}: `{' '.join(run['argv'])}`; matmul probe " + ", ".join(
-        f"{p} {x / 1e12:.2f} TFLOP/s" for p, x in run["matmul_flops_per_s"].items()) for run in results["runs"]]
+        f"{p} {x / 1e12:.3g} TFLOP/s" for p, x in run["matmul_flops_per_s"].items()) for run in results["runs"]]
     return [f"# kiln benchmarks: {dev['name']}, {results['date']}", "",
             f"device: {dev['backend']}: {dev['name']}; " + ", ".join(f"{k} {x}" for k, x in v.items()), "",
             *runs, "",

@@ -60,6 +60,7 @@ class Budget:
 
 
 def _csv(choices) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list whose items must be among `choices`."""
     def parse(text: str) -> list[str]:
         items = [s.strip() for s in text.split(",") if s.strip()]
         bad = [s for s in items if s not in choices]
@@ -76,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 64])
     p.add_argument("--precisions", type=_csv(DTYPES), default=["fp16"], help="fp16, bf16, fp32")
     p.add_argument("--peers", type=_csv(PEERS), default=[p for p in PEERS if p not in OPT_IN],
-                   help="eager, default, reduce-overhead (max-autotune: see --max-autotune)")
+                   help="eager, default, reduce-overhead, max-autotune (the last only for --max-autotune models)")
     p.add_argument("--max-autotune", type=_csv(SPECS), default=[],
                    help="models that also get torch.compile max-autotune (minutes of compiling each)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -88,7 +89,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "by its longest run so far")
     p.add_argument("--image-size", type=int, default=None, help="image side for vision models (default 224)")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length for text models (default 128)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if set(OPT_IN) & set(args.peers) and not args.max_autotune:
+        p.error("max-autotune compiles for minutes per row: name its models with --max-autotune MODEL,...")
+    return args
 
 
 def _error(e: BaseException) -> str:

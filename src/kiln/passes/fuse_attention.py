@@ -62,10 +62,13 @@ def _factor(net: Network, layer: Layer | None, x: str, q: str, producers) -> flo
     if layer is None or layer.kind not in ("Mul", "Div") or (layer.kind == "Div" and layer.inputs[0] != x):
         return None
     c = other_input(layer, x)
-    value = scalar(net, c) if c else None
+    x_shape, c_shape = net.tensors[x].shape, net.tensors[c].shape if c else None
+    if c is None or x_shape is None or c_shape is None or len(c_shape) > len(x_shape):  # no broadcast to more dims
+        return None
+    value = scalar(net, c)
     if value is not None and value != 0.0:
         return value if layer.kind == "Mul" else 1.0 / value
-    return ROOT if layer.kind == "Mul" and c and _is_root(net, c, q, producers) else None
+    return ROOT if layer.kind == "Mul" and _is_root(net, c, q, producers) else None
 
 
 def _side(net: Network, t: str, q_hint: str | None, consumers, producers) -> tuple[str, float | str | None, Layer | None]:

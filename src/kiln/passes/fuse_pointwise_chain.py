@@ -76,14 +76,15 @@ def fuse_pointwise_chain(net: Network, ctx: PassContext) -> bool:
     for root in reversed(list(net.layers)):
         if id(root) in used or not _eligible(net, root, root.outputs[0] if root.outputs else ""):
             continue
-        if not net.tensors[root.outputs[0]].dtype.is_float:
+        out = root.outputs[0]
+        if not net.tensors[out].dtype.is_float:
             continue
         layers = _tree(net, root, producers, consumers, used)
         if len(layers) < 2:
             continue
         used |= {id(l) for l in layers}
         inputs, program = _program(layers)
-        if fuse(net, layers, "PointwiseChain", inputs, [root.outputs[0]], {"program": program}):
+        if fuse(net, layers, "PointwiseChain", inputs, [out], {"program": program}):
             ctx.record("fuse_pointwise_chain.layers", len(layers) - 1)
             changed = True
     return changed

@@ -15,7 +15,8 @@ from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
 
 # Folding first (BatchNorm must be folded into its Conv before the conv epilogue is fused); the
 # decomposed-LayerNorm and attention patterns before the epilogue fusions that would take their
-# pieces; pointwise chains last, so they only get what no other fusion wanted.
+# pieces; pointwise chains last, so they only get what no other fusion wanted, and after the
+# layers those fusions left dead (attention's run-time scale arithmetic) are gone.
 DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm,
                  fuse_layernorm, fuse_attention, fuse_conv_epilogue, fuse_gemm_epilogue,
-                 fuse_pointwise_chain, eliminate_dead]
+                 eliminate_dead, fuse_pointwise_chain]
