@@ -1,3 +1,13 @@
 """Importing this module registers every tactic module."""
 
-from kiln.tactics import torch_attention, torch_conv, torch_gemm, torch_norm, triton_attention, triton_gemm, triton_norm, triton_pointwise  # noqa: F401,E501
+from kiln.tactics import (  # noqa: F401  (imported for their registrations)
+    torch_attention,
+    torch_conv,
+    torch_fused,
+    torch_gemm,
+    torch_norm,
+    triton_attention,
+    triton_gemm,
+    triton_norm,
+    triton_pointwise,
+)

@@ -58,6 +58,7 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
         raise ModelError(f"{source} failed ONNX validation: {_first_line(e)}") from None
     if input_shapes:
         set_input_shapes(proto, input_shapes)
+        del proto.graph.value_info[:]  # exporters' stale symbolic dims would survive re-inference
     proto = infer_shapes(proto, source)
     check_caps(proto, limits, inferred=True)  # again, now with every inferred intermediate shape
     return LoadedModel(proto, digest, source)

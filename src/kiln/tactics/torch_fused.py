@@ -1,0 +1,133 @@
+"""Fused kinds through torch's vendor kernels: cuDNN conv / cuBLASLt GEMM with the epilogue applied by
+torch's native pointwise ops, SDPA for FusedAttention, native layer_norm for AddLayerNorm."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kiln.tactics import torch_conv
+from kiln.tactics.common import float_io, rank, tf32
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+
+_ACT = {
+    "none": lambda y, p: y, "Relu": lambda y, p: F.relu(y), "Sigmoid": lambda y, p: torch.sigmoid(y),
+    "Tanh": lambda y, p: torch.tanh(y), "HardSwish": lambda y, p: F.hardswish(y), "SiLU": lambda y, p: F.silu(y),
+    "Gelu": lambda y, p: F.gelu(y), "GeluTanh": lambda y, p: F.gelu(y, approximate="tanh"),
+    "LeakyRelu": lambda y, p: F.leaky_relu(y, p[0]), "Clip": lambda y, p: torch.clamp(y, p[0], p[1]),
+}
+
+
+def _epilogue(spec: LayerSpec):
+    fn, params = _ACT[spec.attrs["activation"]], spec.attrs["activation_params"]
+    return lambda y: fn(y, params)
+
+
+def _supports_epilogue(spec: LayerSpec) -> str | None:
+    return None if spec.attrs.get("activation") in _ACT else f"activation {spec.attrs.get('activation')!r}"
+
+
+def _supports_conv(spec: LayerSpec, device) -> str | None:
+    return _supports_epilogue(spec) or torch_conv._supports(_plain(spec, 3), device)
+
+
+def _plain(spec: LayerSpec, n_inputs: int) -> LayerSpec:
+    """The spec without the fused extras, for the unfused tactic's checks."""
+    return LayerSpec(spec.name, spec.kind, spec.attrs, spec.inputs[:n_inputs], spec.outputs[:1],
+                     spec.precision, spec.tf32)
+
+
+def _compile_conv(spec: LayerSpec, config, device):
+    conv = torch_conv._compile(_plain(spec, 3), config, device)
+    act, residual = _epilogue(spec), bool(spec.attrs.get("residual"))
+
+    def run(inputs):
+        y = conv(inputs[:3])[0]
+        if residual:
+            y = y + inputs[3]
+        return [act(y)]
+
+    return run
+
+
+def _supports_gemm(spec: LayerSpec, device) -> str | None:
+    if spec.inputs[1] is None or spec.inputs[1].const is None or rank(spec.inputs[1]) != 2:
+        return "weight is not a constant 2-D tensor"
+    return _supports_epilogue(spec) or float_io(spec)
+
+
+def _compile_gemm(spec: LayerSpec, config, device):
+    w = spec.inputs[1].const
+    w = (w if spec.attrs["trans_b"] else w.t()).contiguous()  # [N, K]
+    b = spec.inputs[2].const if len(spec.inputs) > 2 and spec.inputs[2] is not None else None
+    act, allow = _epilogue(spec), spec.tf32
+
+    def run(inputs):
+        bias = b if b is not None else (inputs[2] if len(inputs) > 2 else None)
+        with tf32(allow):
+            return [act(F.linear(inputs[0], w, bias))]
+
+    return run
+
+
+_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+
+
+def _supports_attention(spec: LayerSpec, device) -> str | None:
+    q, kt, v = spec.inputs[:3]
+    if rank(q) not in (3, 4) or rank(kt) != rank(q) or rank(v) != rank(q):
+        return "Q, Kᵀ and V must all be 3-D or 4-D"
+    if q.shape[:-2] != kt.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
+        return "batch/head dims of Q, Kᵀ and V differ"
+    io = [q, kt, v, spec.outputs[0]] + ([spec.inputs[3]] if len(spec.inputs) > 3 and spec.inputs[3] else [])
+    if len({x.dtype for x in io}) != 1:
+        return "Q, Kᵀ, V, mask and Y dtypes differ"
+    return float_io(LayerSpec(spec.name, spec.kind, {}, tuple(io), (spec.outputs[0],)))
+
+
+def _compile_attention(spec: LayerSpec, config, device):
+    backend = _BACKENDS[config["backend"]]
+    d = spec.inputs[0].shape[-1]
+    scale = spec.attrs["scale"] if spec.attrs["scale"] is not None else 1.0 / math.sqrt(d)
+
+    def run(inputs):
+        q, kt, v = inputs[:3]
+        mask = inputs[3] if len(inputs) > 3 else None
+        with sdpa_kernel([backend]):
+            return [F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)]
+
+    return run
+
+
+def _supports_add_ln(spec: LayerSpec, device) -> str | None:
+    a = spec.inputs[0]
+    if a is None or a.shape is None or spec.inputs[1] is None or spec.inputs[1].shape != a.shape:
+        return "A and B shapes differ or are unknown"
+    axis = spec.attrs.get("axis", -1) % len(a.shape)
+    if not all(isinstance(x, int) for x in a.shape[axis:]):
+        return "normalized dims are not static"
+    return float_io(LayerSpec(spec.name, spec.kind, {}, spec.inputs[:2], spec.outputs[:1]))
+
+
+def _compile_add_ln(spec: LayerSpec, config, device):
+    a = spec.inputs[0]
+    shape = tuple(a.shape[spec.attrs.get("axis", -1) % len(a.shape):])
+    eps = spec.attrs.get("epsilon", 1e-5)
+
+    def run(inputs):
+        s = inputs[0] + inputs[1]
+        return [F.layer_norm(s, shape, inputs[2], inputs[3] if len(inputs) > 3 else None, eps), s]
+
+    return run
+
+
+register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_conv, torch_conv._configs, priority=10))
+register(Tactic("cublaslt_fused_gemm", ("FusedGemm",), _compile_gemm, _supports_gemm, priority=10))
+register(Tactic("sdpa_fused_attention", ("FusedAttention",), _compile_attention, _supports_attention,
+                lambda spec, device, level: [{"backend": b} for b in _BACKENDS], priority=10))
+register(Tactic("torch_add_layernorm", ("AddLayerNorm",), _compile_add_ln, _supports_add_ln, priority=10))
