@@ -14,6 +14,7 @@ from kiln.engine.serialize import network_from_json, network_to_json
 from kiln.errors import PlanError
 from kiln.ir import Network
 from kiln.runtime.context import to_device
+from kiln.runtime.host_inputs import HOST_INPUTS, with_host_constants
 from kiln.runtime.memory_plan import plan_memory
 from kiln.tactics import registry
 from kiln.tactics.registry import Kernel
@@ -43,7 +44,10 @@ class Engine:
         choice = self.tactics[layer.name]
         spec = layer_spec(self.network, layer, self.weights, self.config.tf32)
         if choice.tactic == registry.REFERENCE:
-            return registry.reference_kernel(spec)
+            host = {i: self.network.constants[n] for i, n in enumerate(layer.inputs)
+                    if i in HOST_INPUTS.get(layer.kind, ()) and n in self.network.constants}
+            kernel = registry.reference_kernel(spec)
+            return with_host_constants(kernel, host) if host and self.device.backend == "cuda" else kernel
         try:
             return registry.get(choice.tactic).compile(spec, choice.config, self.device)
         except Exception as e:  # recorded, and the engine still runs correctly

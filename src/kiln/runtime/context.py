@@ -134,8 +134,14 @@ class ExecutionContext:
             caller = torch.cuda.current_stream()
             self.stream.wait_stream(caller)
             with torch.cuda.stream(self.stream):
-                result = (self.graphs.run(self._run, inputs) if self.graphs is not None and not keep else None) \
-                    or self._run(inputs, keep)
+                result = self.graphs.run(self._run, inputs) if self.graphs is not None and not keep else None
+            if result is None:
+                if self.graphs is not None and self.graphs.failed_capture:
+                    self.stream = self.graphs.stream = torch.cuda.Stream()  # never reuse a stream a capture broke
+                    self.graphs.failed_capture = False
+                    self.stream.wait_stream(caller)
+                with torch.cuda.stream(self.stream):
+                    result = self._run(inputs, keep)
             caller.wait_stream(self.stream)
         return {n: to_host(v) for n, v in result.items()} if as_numpy else result
 

@@ -28,8 +28,15 @@ class CapturedRun:
     def __init__(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream):
         self.inputs = {k: v.clone() for k, v in inputs.items()}
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            run(self.inputs)  # warm-up on the side stream: lazy handles and workspaces are made outside capture
+        # warm-up on the side stream (lazy handles and workspaces are made outside capture); a layer that
+        # synchronizes with the host raises here, before a capture could be left half-done
+        old = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.cuda.stream(stream):
+                run(self.inputs)
+        finally:
+            torch.cuda.set_sync_debug_mode(old)
         stream.synchronize()
         with torch.cuda.graph(self.graph, stream=stream):
             self.outputs = run(self.inputs)
@@ -48,6 +55,7 @@ class GraphCache:
         self.stream = stream
         self.runs: dict[Signature, CapturedRun] = {}
         self.eager: dict[Signature, str] = {}
+        self.failed_capture = False  # a capture that failed midway may leave its stream unusable
 
     def run(self, run: RunFn, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """Outputs from the graph for these inputs; None if this signature must run eagerly."""
@@ -61,5 +69,6 @@ class GraphCache:
             except Exception as e:  # not capturable: remember why, run eagerly from now on
                 torch.cuda.synchronize()
                 self.eager[sig] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                self.failed_capture = True
                 return None
         return captured.replay(inputs)
