@@ -89,7 +89,7 @@ def test_build_json_reports_nodes_passes_and_notes(model, tmp_path):
     s = json.loads(result.stdout)
     assert s["onnx_nodes"] == 6 and s["backend"] == "cpu"
     assert s["weight_bytes"] >= (W.nbytes + W2.nbytes) // 2  # fp16 halves the fp32 weights
-    assert set(s["stage_seconds"]) == set(STAGES)
+    assert {"load", "import", "optimize", "plan"} <= set(s["stage_seconds"]) <= set(STAGES)
     assert isinstance(s["passes"], dict)
     assert any("fp16" in n for n in s["notes"])
 

@@ -11,6 +11,7 @@ import onnx
 
 from kiln.builder.autotune import tune
 from kiln.builder.device import Device, detect
+from kiln.builder.specialize import needs_specialization, specialize_shapes
 from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
 from kiln.engine import Engine
@@ -22,7 +23,7 @@ from kiln.runtime.context import to_device
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
-STAGES = ("load", "import", "optimize", "precision", "tune", "plan")
+STAGES = ("load", "import", "optimize", "specialize", "precision", "tune", "plan")
 
 
 @dataclass
@@ -81,6 +82,11 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     imported_layers = len(net.layers)
     pctx = PassContext(fold_budget_bytes=config.fold_budget_bytes)
     net = stage("optimize", lambda: run_passes(net, default_passes(), pctx))
+    if needs_specialization(net):
+        learned = stage("specialize", lambda: specialize_shapes(net, ctx.device.torch_device))
+        if learned:
+            ctx.notes.append(f"shapes: {learned} tensors' shapes learned from one run with the fixed input shapes")
+            run_passes(net, default_passes(), pctx)
     ctx.notes += stage("precision", lambda: apply_precision(net, config))
     net.verify()
     info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,

@@ -1,0 +1,60 @@
+"""Shape specialization: with every input shape fixed, learn each intermediate's shape by running the network once.
+
+ONNX shape inference cannot see through the shape arithmetic exporters write (Shape → Gather →
+Range → Expand ...), so tensors downstream of it keep unknown dims even in a static build. One run
+of the reference network on the build device with zero-filled inputs records the real shapes; the
+folding passes then turn the shape arithmetic into constants and tactics see static shapes.
+Layers whose output shape depends on data (NonZero, Unique, control flow ...) and everything after
+them keep the shapes inference gave.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir import Network
+from kiln.kinds import run_reference
+from kiln.runtime.context import to_device
+
+DATA_DEPENDENT = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "If", "Loop", "Scan", "SequenceMap",
+                  "StringSplit", "TfIdfVectorizer", "RandomUniform", "RandomNormal", "Multinomial"}
+
+
+def needs_specialization(net: Network) -> bool:
+    inputs_static = all(net.tensors[n].is_static for n in net.inputs)
+    return inputs_static and any(not net.tensors[o].is_static for l in net.layers for o in l.outputs
+                                 if o and getattr(net.tensors.get(o), "kind", "tensor") == "tensor")
+
+
+def specialize_shapes(net: Network, device: str) -> int:
+    """Record the shape of every data-independent tensor; returns how many tensors got a static shape."""
+    values = {k: to_device(v, device) for k, v in net.constants.items()}
+    for n in net.inputs:
+        t = net.tensors[n]
+        values[n] = torch.zeros(t.shape, dtype=t.dtype.torch, device=device)
+    tainted: set[str] = set()
+    learned = 0
+    with torch.inference_mode():
+        for layer in net.layers:
+            args = [values.get(i) if i else None for i in layer.inputs]
+            if any(i and i not in values for i in layer.inputs):
+                tainted.update(o for o in layer.outputs if o)
+                continue
+            try:
+                outs = run_reference(layer.kind, args, layer.attrs)
+            except Exception:  # zeros are not valid data for every layer; its shapes stay as inferred
+                tainted.update(o for o in layer.outputs if o)
+                continue
+            dependent = layer.kind in DATA_DEPENDENT or any(i in tainted for i in layer.inputs if i)
+            for name, value in zip(layer.outputs, outs):
+                if not name:
+                    continue
+                values[name] = value
+                t = net.tensors.get(name)
+                if dependent:
+                    tainted.add(name)
+                elif isinstance(value, torch.Tensor) and t is not None and not t.is_static \
+                        and getattr(t, "kind", "tensor") == "tensor":
+                    t.shape = tuple(value.shape)
+                    learned += 1
+    return learned
