@@ -53,6 +53,16 @@ def _random_input(v, device) -> Any:
     return (torch.randn(v.shape, device=device) * 0.5).to(dt)
 
 
+def _in_layout(inputs: list, spec: LayerSpec, config: dict) -> list:
+    """Activations as the config's layout expects them from its neighbours: an NHWC layer is timed on
+    channels_last inputs, the steady state when the layers around it are NHWC too."""
+    if config.get("layout") != "nhwc":
+        return inputs
+    return [x.contiguous(memory_format=torch.channels_last)
+            if isinstance(x, torch.Tensor) and x.dim() == 4 and (v is None or v.const is None) else x
+            for x, v in zip(inputs, spec.inputs)]
+
+
 def _close(got: list, want: list, tf32: bool) -> str | None:
     """None if `got` matches `want` output by output, else what differs."""
     for i, (g, w) in enumerate(zip(got, want)):
@@ -120,9 +130,10 @@ class Autotuner:
             for tactic in cands:
                 for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]:
                     label = f"{tactic.name}{config or ''}"
+                    args = _in_layout(inputs, spec, config)
                     try:
                         kernel = tactic.compile(spec, config, self.device)
-                        why = _close(kernel(inputs), want, self.tf32)
+                        why = _close(kernel(args), want, self.tf32)
                     except torch.cuda.OutOfMemoryError:
                         why = "out of memory"
                     except Exception as e:  # a candidate's failure is data, never fatal
@@ -132,7 +143,7 @@ class Autotuner:
                         continue
                     if self.level == 0:
                         return Choice(tactic.name, config, None, "heuristic", rejected)
-                    timed.append((_time(kernel, inputs, REPEATS[self.level]), tactic.name, config))
+                    timed.append((_time(kernel, args, REPEATS[self.level]), tactic.name, config))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
         us, name, config = min(timed, key=lambda t: t[0])

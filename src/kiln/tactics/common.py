@@ -25,11 +25,14 @@ def rank(v: ValueSpec | None) -> int | None:
 
 @contextlib.contextmanager
 def tf32(enabled: bool):
-    """Scope cuBLAS and cuDNN TF32 use to one kernel (fp32 layers compute in true fp32 unless --tf32)."""
+    """Scope cuBLAS and cuDNN TF32 use to one kernel (fp32 layers compute in true fp32 unless --tf32).
+
+    cuDNN's own algorithm search (benchmark mode) stays on: it runs once per shape, during tuning.
+    """
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
-        with torch.backends.cudnn.flags(enabled=True, allow_tf32=enabled):
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=enabled):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
