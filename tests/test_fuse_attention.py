@@ -6,9 +6,11 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from onnx import TensorProto as T, helper, numpy_helper
 
-from passcheck import apply, assert_same_outputs, imported, kinds
+from passcheck import apply, assert_same_outputs, imported, kinds, run
+from kiln.kinds import run_reference
 from kiln.passes.fuse_attention import fuse_attention
 
 rng = np.random.default_rng(0)
@@ -47,7 +49,7 @@ def test_scaled_masked_scores():
     assert kinds(after) == ["FusedAttention"]
     layer = after.layers[0]
     assert layer.inputs == ["q", "kt", "v", "mask"] and layer.outputs == ["z"]
-    assert layer.attrs == {"scale": 0.5, "scale_on": "scores"} and ctx.log["fuse_attention.layers"] == 4
+    assert layer.attrs == {"scale": 0.5, "scale_on": "scores", "nan_to_zero": False} and ctx.log["fuse_attention.layers"] == 4
     assert_same_outputs(before, after, _feeds(before))
 
 
@@ -69,7 +71,8 @@ def test_scale_on_q_and_k():
     after, _ = apply(before, fuse_attention)
     assert kinds(after) == ["FusedAttention"]
     assert after.layers[0].inputs == ["q", "kt", "v"]
-    assert after.layers[0].attrs == {"scale": pytest.approx(float(r) ** 2, rel=1e-12), "scale_on": "qk"}
+    assert after.layers[0].attrs == {"scale": pytest.approx(float(r) ** 2, rel=1e-12), "scale_on": "qk",
+                                     "nan_to_zero": False}
     assert_same_outputs(before, after, _feeds(before))
 
 
@@ -84,7 +87,7 @@ def test_scale_from_q_shape():
     before = _model(nodes, inits)
     after, _ = apply(before, fuse_attention)
     fused = [l for l in after.layers if l.kind == "FusedAttention"]
-    assert len(fused) == 1 and fused[0].attrs == {"scale": None, "scale_on": "qk"} and fused[0].inputs == ["q", "kt", "v"]
+    assert len(fused) == 1 and fused[0].attrs == {"scale": None, "scale_on": "qk", "nan_to_zero": False} and fused[0].inputs == ["q", "kt", "v"]
     assert_same_outputs(before, after, _feeds(before))
 
 
@@ -101,5 +104,48 @@ def test_not_fused():
 def test_no_scale_no_mask():
     before = _model([helper.make_node("MatMul", ["q", "kt"], ["u"])] + _tail())
     after, _ = apply(before, fuse_attention)
-    assert kinds(after) == ["FusedAttention"] and after.layers[0].attrs == {"scale": 1.0, "scale_on": "scores"}
+    assert kinds(after) == ["FusedAttention"] and after.layers[0].attrs == {"scale": 1.0, "scale_on": "scores",
+                                                                            "nan_to_zero": False}
     assert_same_outputs(before, after, _feeds(before))
+
+
+def _safe_softmax(fill=0.0):
+    """SDPA's safe softmax as the exporters write it: Where(IsNaN(p), fill, p) before the product with V."""
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Add", ["s", "mask"], ["u"]),
+             helper.make_node("Softmax", ["u"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "p"], ["w"]), helper.make_node("MatMul", ["w", "v"], ["z"])]
+    return _model(nodes, [_c("zero", [fill])], mask=True)
+
+
+def test_safe_softmax_fully_masked_rows():
+    """A mask row of all -inf (transformers' SDPA padding mask) gives NaN probabilities, zeroed by the guard."""
+    before = _safe_softmax()
+    after, ctx = apply(before, fuse_attention)
+    assert kinds(after) == ["FusedAttention"] and after.layers[0].attrs["nan_to_zero"] is True
+    assert ctx.log["fuse_attention.layers"] == 5
+    feeds = _feeds(before)
+    feeds["mask"] = np.where(feeds["mask"] < 0, np.float32(-np.inf), np.float32(0))
+    feeds["mask"][0, 0, 1] = -np.inf
+    assert_same_outputs(before, after, feeds)
+    z = run(after, feeds)["z"]
+    assert np.all(z[0, :, 1] == 0) and not np.isnan(z).any()
+
+
+def test_safe_softmax_not_fused():
+    # a fill other than 0 is not SDPA's guard
+    assert "FusedAttention" not in kinds(apply(_safe_softmax(fill=1.0), fuse_attention)[0])
+    # the guarded probabilities are also a network output
+    before = _safe_softmax()
+    before.outputs.append("w")
+    assert "FusedAttention" not in kinds(apply(before, fuse_attention)[0])
+
+
+def test_reference_nan_to_zero_optional():
+    """Attrs without nan_to_zero (plans written before it existed) keep the NaN of a fully masked row."""
+    q, kt, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 4, 3), torch.randn(1, 2, 3, 4)
+    mask = torch.zeros(1, 1, 3, 3)
+    mask[..., 2, :] = -torch.inf
+    old = run_reference("FusedAttention", [q, kt, v, mask], {"scale": None, "scale_on": "scores"})[0]
+    new = run_reference("FusedAttention", [q, kt, v, mask], {"scale": None, "scale_on": "scores", "nan_to_zero": True})[0]
+    assert old[..., 2, :].isnan().all() and (new[..., 2, :] == 0).all()
+    torch.testing.assert_close(new[..., :2, :], old[..., :2, :], rtol=0, atol=0)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kiln.cli import bench, build, conformance, demo, inspect, run
+from kiln.cli import bench, build, compare, conformance, debug, demo, inspect, profile, run
 from kiln.version import __version__
 
 app = typer.Typer(name="kiln", help="kiln: ONNX models in, fast device-tuned engines out.", no_args_is_help=True,
@@ -17,6 +17,9 @@ app.command("inspect")(inspect.inspect)
 app.command("bench")(bench.bench)
 app.command("demo")(demo.demo)
 app.command("conformance")(conformance.conformance)
+app.command("compare")(compare.compare)
+app.add_typer(debug.app, name="debug")
+app.command("profile")(profile.profile)
 
 
 def _print_version(value: bool) -> None:

@@ -7,10 +7,12 @@ from typing import Annotated, Optional
 import typer
 
 from kiln.bench import LatencyStats, measure
+from kiln.bench.profile import profile_layers
 from kiln.cli.errors import command
 from kiln.cli.inputs import batch_size, on_device, open_engine, random_feeds
 from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, parse_shapes
 from kiln.cli.output import key_values, print_json, status, stdout
+from kiln.cli.profile import ExportProfile, export_profile, print_profile
 
 
 def stats_rows(stats: LatencyStats) -> list[tuple[str, str]]:
@@ -29,6 +31,9 @@ def bench(
         "--duration", help="Seconds to time for [default: up to 10]; with --iterations, the first limit reached "
                            "ends the run.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls first.")] = 10,
+    dump_profile: Annotated[bool, typer.Option(
+        "--dump-profile", help="Also time each layer, in a separate run, and print the slowest.")] = False,
+    export: ExportProfile = None,
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
@@ -45,11 +50,20 @@ def bench(
     stats = measure(lambda: ctx.run(feeds), device=dev, warmup=warmup, iterations=iterations,
                     duration=duration, batch=batch_size(feeds))
     shown = {name: tuple(value.shape) for name, value in feeds.items()}
+    layers = None
+    if dump_profile or export:
+        status("profiling each layer (a separate run) ...")
+        layers = profile_layers(engine, feeds, iterations=min(stats.count, 100))
+        if export:
+            export_profile(layers, export)
     if as_json:
         print_json(dict(stats.to_json(), model=str(model), device_name=engine.device.name,
-                        shapes={k: list(v) for k, v in shown.items()}))
+                        shapes={k: list(v) for k, v in shown.items()},
+                        **({"profile": layers.to_json()} if dump_profile else {})))
         return
     rows = [("model", str(model)), ("device", f"{engine.device.backend}: {engine.device.name}"),
             ("inputs", ", ".join(f"{k} {'x'.join(map(str, v)) or 'scalar'}" for k, v in shown.items())),
             ("iterations", f"{stats.count} timed after {stats.warmup} warm-up")]
     stdout().print(key_values("Benchmark", rows + stats_rows(stats)))
+    if dump_profile:
+        print_profile(layers)

@@ -72,7 +72,9 @@ def fused_attention(inputs, attrs):
     Inputs: Q [..., Sq, D], KT (the key already transposed, [..., D, Skv], as exporters write it),
     V [..., Skv, Dv], optional additive float mask (broadcast like Add). attrs: scale (float, or None:
     1/√D of Q's last dim at run time); scale_on "scores" (the product is multiplied by scale) or "qk"
-    (Q and KT are each multiplied by √scale first, as torch's SDPA decomposition writes it).
+    (Q and KT are each multiplied by √scale first, as torch's SDPA decomposition writes it);
+    nan_to_zero (optional, default False): NaN probabilities, as a row masked all -inf gives, become 0
+    (SDPA's safe softmax) before the product with V.
     """
     q, kt, v, mask = (list(inputs) + [None] * 4)[:4]
     scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -84,7 +86,10 @@ def fused_attention(inputs, attrs):
         scores = _ref("Mul", [scores, _scalar(scale, scores)])
     if mask is not None:
         scores = _ref("Add", [scores, mask])
-    return _ref("MatMul", [_ref("Softmax", [scores], {"axis": -1}), v])
+    p = _ref("Softmax", [scores], {"axis": -1})
+    if attrs.get("nan_to_zero"):
+        p = _ref("Where", [_ref("IsNaN", [p]), _scalar(0.0, p), p])
+    return _ref("MatMul", [p, v])
 
 
 @kind("AddLayerNorm")

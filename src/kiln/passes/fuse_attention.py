@@ -4,6 +4,8 @@
         ⇒   y = FusedAttention(Q, KT, V, mask)  {scale=c, scale_on="scores"}
     s = MatMul(Mul(Q, r), Mul(KT, r)); p = Softmax(s); y = MatMul(p, V)      (torch's SDPA decomposition)
         ⇒   y = FusedAttention(Q, KT, V)  {scale=r², scale_on="qk"}
+    p = Softmax(u); y = MatMul(Where(IsNaN(p), 0, p), V)      (SDPA's safe softmax, as both exporters write it)
+        ⇒   y = FusedAttention(...)  {nan_to_zero=True}
 
 Scale and mask are optional; c and r are one-element constants, or r = √(1/√D) computed at run
 time from Shape(Q) (the TorchScript exporter's SDPA), which becomes scale=None. The existing
@@ -92,15 +94,28 @@ def _scale(fq, fk, fs) -> tuple[float | None, str] | None:
     return float(math.prod(f for f in (fq, fk, fs) if f is not None)), "scores"
 
 
+def _nan_guard(net: Network, p: str, consumers) -> list[Layer]:
+    """[IsNaN, Where] of Where(IsNaN(p), 0, p) when they are p's only readers, else []."""
+    readers = consumers.get(p, [])
+    isnan = next((l for l in readers if l.kind == "IsNaN"), None)
+    where = isnan and single_consumer(net, isnan.outputs[0], consumers)
+    if (not where or where.kind != "Where" or {id(l) for l in readers} != {id(isnan), id(where)}
+            or where.inputs[0] != isnan.outputs[0] or where.inputs[2] != p or scalar(net, where.inputs[1]) != 0.0):
+        return []
+    return [isnan, where]
+
+
 def _match(net: Network, sm: Layer, consumers, producers):
     """(layers, inputs, attrs, output) of the attention ending at Softmax `sm`, or None."""
     rank = len(net.tensors[sm.inputs[0]].shape or ())
     if sm.attrs.get("flatten") or sm.attrs.get("axis", -1) not in {-1, rank - 1}:
         return None
-    pv = single_consumer(net, sm.outputs[0], consumers)
-    if pv is None or pv.kind != "MatMul" or pv.inputs[0] != sm.outputs[0] or pv.inputs[1] == sm.outputs[0]:
+    guard = _nan_guard(net, sm.outputs[0], consumers)
+    p = guard[-1].outputs[0] if guard else sm.outputs[0]
+    pv = single_consumer(net, p, consumers)
+    if pv is None or pv.kind != "MatMul" or pv.inputs[0] != p or pv.inputs[1] == p:
         return None
-    layers, t, mask, fs = [sm, pv], sm.inputs[0], "", None
+    layers, t, mask, fs = [sm, *guard, pv], sm.inputs[0], "", None
     add = producers.get(t)
     if add is not None and add.kind == "Add" and len(add.inputs) == 2:
         for i in (0, 1):
@@ -129,7 +144,8 @@ def _match(net: Network, sm: Layer, consumers, producers):
     dtypes = {net.tensors[n].dtype for n in (q, k, pv.inputs[1], out) + ((mask,) if mask else ())}
     if len(dtypes) != 1 or not dtypes.pop().is_float or not closed(net, layers, {out}, consumers):
         return None
-    return layers, [q, k, pv.inputs[1]] + ([mask] if mask else []), {"scale": scale[0], "scale_on": scale[1]}, out
+    return layers, [q, k, pv.inputs[1]] + ([mask] if mask else []), {"scale": scale[0], "scale_on": scale[1],
+                                                                   "nan_to_zero": bool(guard)}, out
 
 
 def fuse_attention(net: Network, ctx: PassContext) -> bool:

@@ -1,0 +1,170 @@
+"""`kiln compare MODEL.onnx`: kiln's outputs against ONNX Runtime's on the same inputs, PASS/FAIL per output."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+import kiln
+from kiln.accuracy.compare import Comparison, compare_engine
+from kiln.accuracy.metrics import DEFAULT_TOLERANCES, Tolerance, parse_tolerance
+from kiln.cli.build import parse_layer_precisions
+from kiln.cli.errors import command
+from kiln.cli.inputs import load_inputs, random_feeds, safe_stem
+from kiln.cli.options import Device, Json, Seed, Shapes, Verbose, parse_shapes
+from kiln.cli.output import add_row, build_progress, print_json, status, stdout
+from kiln.errors import ConfigError, InputError, ModelError
+
+OnnxModel = Annotated[Path, typer.Argument(help="The ONNX model (ONNX Runtime runs it as the reference).",
+                                           show_default=False)]
+Inputs = Annotated[Optional[list[str]], typer.Option(
+    "--input", "-i", help="name=file.npy for one input, or file.npz for all; repeatable [default: random].")]
+InputsDir = Annotated[Optional[Path], typer.Option("--inputs-dir", help="Folder holding one NAME.npy per input.")]
+Rtol = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance [default: by precision].")]
+Atol = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance [default: by precision].")]
+
+
+def require_model(model: Path) -> None:
+    if not model.is_file():
+        raise ModelError(f"model file {model} does not exist; give the path of an .onnx file")
+
+
+def feeds_for(engine: kiln.Engine, inputs: list[str] | None, inputs_dir: Path | None,
+              shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """Inputs from --input files, or one NAME.npy per input in --inputs-dir, else random ones made with `seed`."""
+    if inputs and inputs_dir:
+        raise ConfigError("give inputs with --input or with --inputs-dir, not both")
+    if inputs:
+        return load_inputs(inputs)
+    if inputs_dir is None:
+        return random_feeds(engine, shapes, seed)
+    if not inputs_dir.is_dir():
+        raise InputError(f"--inputs-dir {inputs_dir} is not a folder")
+    files = {t.name: inputs_dir / f"{safe_stem(t.name)}.npy" for t in engine.inputs}
+    missing = [str(f) for f in files.values() if not f.is_file()]
+    if missing:
+        raise InputError(f"--inputs-dir lacks {', '.join(missing)}; save one array per input with numpy.save")
+    return load_inputs([f"{name}={file}" for name, file in files.items()])
+
+
+def default_tolerance(config: kiln.BuildConfig, rtol: float | None, atol: float | None) -> Tolerance:
+    """--rtol/--atol, each defaulting to the tolerance of the lowest precision the build allowed."""
+    key = "bf16" if config.bf16 else "fp16" if config.fp16 else "tf32" if config.tf32 else "fp32"
+    r, a = DEFAULT_TOLERANCES[key]
+    tol = Tolerance(r if rtol is None else rtol, a if atol is None else atol)
+    if tol.rtol < 0 or tol.atol < 0:
+        raise ConfigError("--rtol and --atol must be 0 or more")
+    return tol
+
+
+def open_for_compare(model: Path, plan: Path | None, config: kiln.BuildConfig) -> kiln.Engine:
+    """The engine under test: the --plan (which must come from `model`), else `model` built with `config`."""
+    if plan is not None:
+        if config.fp16 or config.bf16 or config.tf32 or config.layer_precisions:
+            raise ConfigError("build options (--fp16, --bf16, --tf32, --layer-precision) do not apply to a --plan; "
+                              "drop them, or drop --plan to build the model with them")
+        engine = kiln.load(plan)
+        if engine.source_sha256 and engine.source_sha256 != hashlib.sha256(model.read_bytes()).hexdigest():
+            raise ConfigError(f"{plan} was built from another model than {model}; compare it with its own model")
+        return engine
+    with build_progress(f"building {model.name}") as progress:
+        return kiln.build(model, config, progress)
+
+
+def fmt(x: float) -> str:
+    return "-" if x != x else f"{x:.3g}"
+
+
+def exit_status(fn):
+    """Exit 1 when the command returns False (a FAIL verdict). Outside `command`, which treats any exception
+    raised inside it, typer.Exit included, as a bug."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if fn(*args, **kwargs) is False:
+            raise typer.Exit(1)
+
+    return wrapper
+
+
+def print_comparison(result: Comparison, net) -> None:
+    """One row per output (errors as max / mean / median), the first bad layer with --mark-all, a verdict."""
+    table = Table(title="kiln vs ONNX Runtime", title_justify="left")
+    for col in ("output", "abs error max/mean/median", "rel error max/mean/median", "cosine", "NaN/Inf ort, kiln",
+                "tolerance", "result"):
+        table.add_column(col, overflow="fold")
+    for name, m in result.outputs.items():
+        add_row(table, name, " / ".join(map(fmt, (m.max_abs, m.mean_abs, m.median_abs))),
+                " / ".join(map(fmt, (m.max_rel, m.mean_rel, m.median_rel))),
+                "-" if m.cosine != m.cosine else f"{m.cosine:.6f}", f"{m.nan_ref}/{m.inf_ref}, {m.nan_got}/{m.inf_got}",
+                result.tolerances[name], "PASS" if m.passed else "FAIL")
+    stdout().print(table)
+    for name, m in result.outputs.items():
+        if m.note:
+            typer.echo(f"{name}: {m.note}")
+    if result.first_bad:
+        layer, tensor = result.first_bad
+        m = result.intermediates.get(tensor) or result.outputs[tensor]
+        kind = next(l.kind for l in net.layers if l.name == layer)
+        typer.echo(f"first layer beyond tolerance: {layer} ({kind}), tensor {tensor}: max abs error "
+                   f"{fmt(m.max_abs)}, cosine {fmt(m.cosine)}{', ' + m.note if m.note else ''} "
+                   f"({len(result.intermediates)} intermediate tensors compared)")
+    elif result.intermediates:
+        typer.echo(f"all {len(result.intermediates)} intermediate tensors within tolerance")
+    failed = sum(not m.passed for m in result.outputs.values())
+    typer.echo(f"{'FAILED' if failed else 'PASSED'}: {len(result.outputs) - failed} of {len(result.outputs)} "
+               "outputs within tolerance")
+
+
+@exit_status
+@command
+def compare(
+    model: OnnxModel,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Test this plan instead of building the model.")
+                    ] = None,
+    fp16: Annotated[bool, typer.Option("--fp16", help="Build with fp16 kernels allowed.")] = False,
+    bf16: Annotated[bool, typer.Option("--bf16", help="Build with bf16 kernels allowed.")] = False,
+    tf32: Annotated[bool, typer.Option("--tf32", help="Build with tf32 matmuls allowed.")] = False,
+    layer_precision: Annotated[Optional[list[str]], typer.Option(
+        "--layer-precision", help="Pin a layer's precision, NAME=fp32; repeatable.")] = None,
+    opt_level: Annotated[int, typer.Option("--opt-level", help="Tuning effort, 0..5.")] = 3,
+    inputs: Inputs = None,
+    inputs_dir: InputsDir = None,
+    shapes: Shapes = None,
+    seed: Seed = 0,
+    rtol: Rtol = None,
+    atol: Atol = None,
+    tol: Annotated[Optional[list[str]], typer.Option(
+        "--tol", help="Per-output tolerance OUTPUT=RTOL,ATOL; repeatable.")] = None,
+    mark_all: Annotated[bool, typer.Option(
+        "--mark-all", help="Compare every intermediate tensor too and name the first layer beyond tolerance.")
+                        ] = False,
+    device: Device = "auto",
+    verbose: Verbose = False,
+    as_json: Json = False,
+) -> bool:
+    """Run kiln and ONNX Runtime on the same inputs and compare outputs; exit 1 when any is beyond tolerance."""
+    require_model(model)
+    per_output = dict(parse_tolerance(spec) for spec in tol or ())
+    shape_map = parse_shapes(shapes)
+    config = kiln.BuildConfig.with_shapes(shape_map, fp16=fp16, bf16=bf16, tf32=tf32, opt_level=opt_level,
+                                          device=device, layer_precisions=parse_layer_precisions(layer_precision))
+    engine = open_for_compare(model, plan, config)
+    default = default_tolerance(engine.config, rtol, atol)
+    feeds = feeds_for(engine, inputs, inputs_dir, shape_map, seed)
+    status("running kiln and ONNX Runtime ...")
+    result = compare_engine(engine, model, feeds, default, per_output, every_tensor=mark_all)
+    if as_json:
+        print_json({"passed": result.passed,
+                    "outputs": {n: dict(m.to_json(), tolerance=str(result.tolerances[n])) for n, m in result.outputs.items()},
+                    "intermediates": {n: m.to_json() for n, m in result.intermediates.items()},
+                    "first_bad": dict(zip(("layer", "tensor"), result.first_bad)) if result.first_bad else None})
+    else:
+        print_comparison(result, engine.network)
+    return result.passed

@@ -1,0 +1,70 @@
+"""`kiln profile PLAN`: each layer's kernel time (also `kiln bench --dump-profile / --export-profile FILE`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from kiln.bench.profile import LayerProfile, profile_layers
+from kiln.cli.errors import command
+from kiln.cli.inputs import on_device, open_engine, random_feeds
+from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, parse_shapes
+from kiln.cli.output import add_row, print_json, status, stdout
+
+TOP = 30
+
+ExportProfile = Annotated[Optional[Path], typer.Option(
+    "--export-profile", help="Write the per-layer profile to this JSON file.")]
+
+
+def print_profile(profile: LayerProfile, top: int = TOP) -> None:
+    """The slowest `top` layers by mean time, then one row for all the others."""
+    table = Table(title=f"Per-layer profile ({profile.iterations} iterations, {profile.device}; each layer timed "
+                        "alone, eagerly)", title_justify="left")
+    for col in ("layer", "kind", "precision", "tactic", "mean ms", "median ms", "%"):
+        table.add_column(col, overflow="fold", justify="right" if col.endswith(("ms", "%")) else "left")
+    ranked = profile.ranked()
+    for t in ranked[:top]:
+        add_row(table, t.name, t.kind, t.precision, t.tactic, f"{t.mean:.4f}", f"{t.median:.4f}",
+                f"{profile.percent(t.mean):.1f}")
+    rest = ranked[top:]
+    if rest:
+        mean = sum(t.mean for t in rest)
+        add_row(table, f"other ({len(rest)} layers)", "", "", "", f"{mean:.4f}", f"{sum(t.median for t in rest):.4f}",
+                f"{profile.percent(mean):.1f}")
+    add_row(table, "total", "", "", "", f"{profile.total_ms:.4f}", "", "100.0")
+    stdout().print(table)
+
+
+def export_profile(profile: LayerProfile, path: Path) -> None:
+    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+
+
+@command
+def profile(
+    model: ModelPath,
+    iterations: Annotated[int, typer.Option("--iterations", help="Profiled passes over the engine.")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes first.")] = 2,
+    export: ExportProfile = None,
+    shapes: Shapes = None,
+    seed: Seed = 0,
+    device: Device = "auto",
+    verbose: Verbose = False,
+    as_json: Json = False,
+) -> None:
+    """Time each layer's kernel on random inputs: mean/median per layer, slowest first."""
+    shape_map = parse_shapes(shapes)
+    engine = open_engine(model, shape_map, device)
+    feeds = on_device(random_feeds(engine, shape_map, seed), engine.device.torch_device)
+    status(f"profiling {model.name} on {engine.device.name} ...")
+    result = profile_layers(engine, feeds, iterations, warmup)
+    if export:
+        export_profile(result, export)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        print_profile(result)
