@@ -100,3 +100,25 @@ def test_gpu_fp16_engine_close_to_fp32():
     got = kiln.build(_model(), kiln.BuildConfig(device="cuda", fp16=True)).run({"x": x})["y"]
     cos = (got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want)
     assert got.dtype == np.float32 and cos >= 0.999
+
+
+@pytest.mark.parametrize("kind,attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], dilations=[1, 1], ceil_mode=0,
+                     auto_pad="NOTSET", storage_order=0)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], dilations=[1, 1], ceil_mode=1,
+                         auto_pad="NOTSET", count_include_pad=0)),
+    ("GlobalAveragePool", {}), ("GlobalMaxPool", {})])
+def test_torch_pool_tactics_match_reference_on_cpu(kind, attrs):
+    """The tactic kernels are plain torch, so their semantics are checked here too (fp32: a few ulps)."""
+    from kiln.ir import DType
+    from kiln.kinds import run_reference
+    from kiln.tactics.spec import LayerSpec, ValueSpec
+
+    x = torch.randn(2, 3, 9, 9, generator=torch.Generator().manual_seed(0))
+    want = run_reference(kind, [x], attrs)[0]
+    spec = LayerSpec("l", kind, attrs, (ValueSpec(DType.FLOAT32, tuple(x.shape)),),
+                     (ValueSpec(DType.FLOAT32, tuple(want.shape)),))
+    registry._load()
+    tactic = next(t for t in registry.BY_KIND[kind] if t.name.startswith("torch_"))
+    assert tactic.supports(spec, None) is None
+    torch.testing.assert_close(tactic.compile(spec, {}, None)([x])[0], want, rtol=1e-5, atol=1e-6)

@@ -101,6 +101,19 @@ class Autotuner:
     def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None):
         self.device, self.level, self.tf32, self.cache = device, opt_level, tf32, cache
         self.env = environment_key(device.fingerprint())
+        self.by_layout: dict[str, dict[str, tuple[float, str, dict]]] = {}  # layer → layout → best timing
+        self.layout: str | None = None
+
+    def choose_layout(self, choices: dict[str, Choice]) -> None:
+        """One memory layout for every layer that can run either: the one with the lower summed time, so
+        activations are not reformatted between neighbours (each NHWC layer was timed on NHWC inputs)."""
+        both = {n: t for n, t in self.by_layout.items() if {"nchw", "nhwc"} <= set(t)}
+        if not both:
+            return
+        self.layout = min(("nchw", "nhwc"), key=lambda lay: sum(t[lay][0] for t in both.values()))
+        for name, timings in both.items():
+            us, tactic, config = timings[self.layout]
+            choices[name] = Choice(tactic, config, us, "timed", choices[name].rejected)
 
     def choose(self, spec: LayerSpec) -> Choice:
         cands, refused = registry.candidates(spec, self.device)
@@ -146,6 +159,11 @@ class Autotuner:
                     timed.append((_time(kernel, args, REPEATS[self.level]), tactic.name, config))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
+        for us, name, config in timed:
+            if "layout" in config:
+                best = self.by_layout.setdefault(spec.name, {}).get(config["layout"])
+                if best is None or us < best[0]:
+                    self.by_layout[spec.name][config["layout"]] = (us, name, config)
         us, name, config = min(timed, key=lambda t: t[0])
         return Choice(name, config, us, "timed", rejected)
 
@@ -162,5 +180,6 @@ def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int,
         progress("tune", i, len(net.layers))
         choices[layer.name] = tuner.choose(layer_spec(net, layer, weights, tf32))
     progress("tune", len(net.layers), len(net.layers))
+    tuner.choose_layout(choices)
     tuner.seconds = time.perf_counter() - started
     return choices

@@ -6,6 +6,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     torch_fused,
     torch_gemm,
     torch_norm,
+    torch_pool,
     triton_attention,
     triton_gemm,
     triton_norm,
