@@ -123,7 +123,7 @@ def _linear(search: PrecisionSearch, cands: list[str], values: Mapping[str, Any]
             raise KilnError("no remaining reduced-precision layer has an output beyond tolerance, yet the outputs "
                             "fail; try --mode bisect")
         pinned.append(worst)
-        engine, values = search.run(pinned, keep=True)
+        values = search.run(pinned, keep=True)[1]
         if search.record(pinned, values):
             return pinned
 

@@ -77,13 +77,13 @@ def compare_arrays(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> Metrics:
         return _failed(got.shape, "" if same else "text values differ", passed=same)
     r, g = _as_float(ref), _as_float(got)
     finite = np.isfinite(r) & np.isfinite(g)
-    abs_err = np.abs(g - r)[finite]
-    nonzero = r[finite] != 0
-    rel_err = abs_err[nonzero] / np.abs(r[finite][nonzero])
-    bound = tol.atol + tol.rtol * np.abs(r[finite])
+    rf, gf = r[finite], g[finite]
+    abs_err = np.abs(gf - rf)
+    rel_err = abs_err[rf != 0] / np.abs(rf[rf != 0])
+    bound = tol.atol + tol.rtol * np.abs(rf)
     special = ~np.isfinite(r)
     same_special = np.array_equal(r[special], g[special], equal_nan=True) and bool(np.isfinite(g[~special]).all())
-    cos = _cosine(r[finite], g[finite])
+    cos = _cosine(rf, gf)
     ratio = _cosine_ratio(cos, tol.cosine) if tol.cosine is not None else _allclose_ratio(abs_err, bound)
     if not same_special:
         ratio = math.inf

@@ -15,6 +15,7 @@ import torch
 
 from kiln.errors import ConfigError
 from kiln.runtime.context import to_device
+from kiln.runtime.io import as_torch
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,12 @@ class LayerProfile:
 
 
 def profile_layers(engine, feeds: Mapping[str, Any], iterations: int = 20, warmup: int = 2) -> LayerProfile:
-    """Time each of `engine`'s layer kernels over `iterations` passes (after `warmup` untimed ones) on `feeds`."""
+    """Time each of `engine`'s layer kernels over `iterations` passes (after `warmup` untimed ones) on `feeds`
+    (numpy, torch or DLPack tensors, as `ctx.run` takes)."""
     if iterations < 1:
         raise ConfigError(f"the profile needs at least 1 iteration, got {iterations}")
     dev = engine.device.torch_device
-    inputs = {k: to_device(v, dev) for k, v in feeds.items()}
+    inputs = {k: to_device(as_torch(k, v)[0], dev) for k, v in feeds.items()}
     clock = _CudaClock(len(engine.kernels)) if engine.device.backend == "cuda" else _CpuClock(len(engine.kernels))
     with torch.inference_mode():
         for _ in range(warmup):

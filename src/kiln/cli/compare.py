@@ -161,8 +161,8 @@ def compare(
     status("running kiln and ONNX Runtime ...")
     result = compare_engine(engine, model, feeds, default, per_output, every_tensor=mark_all)
     if as_json:
-        print_json({"passed": result.passed,
-                    "outputs": {n: dict(m.to_json(), tolerance=str(result.tolerances[n])) for n, m in result.outputs.items()},
+        outputs = {n: dict(m.to_json(), tolerance=str(result.tolerances[n])) for n, m in result.outputs.items()}
+        print_json({"passed": result.passed, "outputs": outputs,
                     "intermediates": {n: m.to_json() for n, m in result.intermediates.items()},
                     "first_bad": dict(zip(("layer", "tensor"), result.first_bad)) if result.first_bad else None})
     else:
