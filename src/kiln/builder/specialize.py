@@ -4,8 +4,8 @@ ONNX shape inference cannot see through the shape arithmetic exporters write (Sh
 Range → Expand ...), so tensors downstream of it keep unknown dims even in a static build. One run
 of the reference network on the build device with zero-filled inputs records the real shapes; the
 folding passes then turn the shape arithmetic into constants and tactics see static shapes.
-Layers whose output shape depends on data (NonZero, Unique, control flow ...) and everything after
-them keep the shapes inference gave.
+Layers whose output shape depends on data (NonZero, Unique, control flow ..., or a shape input
+computed from the inputs' values) and everything after them keep the shapes inference gave.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ import torch
 from kiln.ir import Network
 from kiln.kinds import run_reference
 from kiln.runtime.context import to_device
+from kiln.runtime.host_inputs import HOST_INPUTS
 
+# inputs whose values decide the output shape (beyond those references read on the host)
+SHAPE_INPUTS = {**HOST_INPUTS, "ConstantOfShape": (0,), "Range": (0, 1, 2), "RandomUniform": (0,),
+                "RandomNormal": (0,)}
 DATA_DEPENDENT = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "If", "Loop", "Scan", "SequenceMap",
                   "StringSplit", "TfIdfVectorizer", "RandomUniform", "RandomNormal", "Multinomial"}
 
@@ -32,7 +36,8 @@ def specialize_shapes(net: Network, device: str) -> int:
     for n in net.inputs:
         t = net.tensors[n]
         values[n] = torch.zeros(t.shape, dtype=t.dtype.torch, device=device)
-    tainted: set[str] = set()
+    tainted: set[str] = set()             # shapes depend on input data: not recorded
+    from_data: set[str] = set(net.inputs)  # values depend on input data (zeros here stand in for them)
     learned = 0
     with torch.inference_mode():
         for layer in net.layers:
@@ -45,7 +50,11 @@ def specialize_shapes(net: Network, device: str) -> int:
             except Exception:  # zeros are not valid data for every layer; its shapes stay as inferred
                 tainted.update(o for o in layer.outputs if o)
                 continue
-            dependent = layer.kind in DATA_DEPENDENT or any(i in tainted for i in layer.inputs if i)
+            dependent = (layer.kind in DATA_DEPENDENT or any(i in tainted for i in layer.inputs if i)
+                         or any(layer.inputs[k] in from_data for k in SHAPE_INPUTS.get(layer.kind, ())
+                                if k < len(layer.inputs)))
+            if layer.kind not in ("Shape", "Size") and any(i in from_data for i in layer.inputs if i):
+                from_data.update(o for o in layer.outputs if o)
             for name, value in zip(layer.outputs, outs):
                 if not name:
                     continue

@@ -25,7 +25,7 @@ def command(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (click.exceptions.Exit, typer.Exit, click.ClickException, click.Abort):
             raise
         except KilnError as e:
             fail(f"error: {one_line(e)}", e.exit_code, kwargs.get("verbose", False))
