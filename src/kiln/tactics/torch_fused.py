@@ -41,7 +41,40 @@ def _plain(spec: LayerSpec, n_inputs: int) -> LayerSpec:
                      spec.precision, spec.tf32)
 
 
+def _conv_configs(spec: LayerSpec, device, level: int):
+    """Both layouts; with a ReLU epilogue on a 2-D conv also cuDNN's fused conv+bias(+add)+ReLU kernel."""
+    configs = torch_conv._configs(spec, device, level)
+    a = spec.attrs
+    n = len(a["kernel_shape"])
+    if a["activation"] == "Relu" and n == 2 and a["pads"][:n] == a["pads"][n:] and hasattr(torch, "cudnn_convolution_relu"):
+        configs += [dict(c, epilogue="cudnn") for c in configs]
+    return configs
+
+
+def _compile_cudnn_epilogue(spec: LayerSpec, config, device):
+    """One cuDNN call: act(conv(x, w) + bias (+ r)), for ReLU."""
+    a = spec.attrs
+    fmt = torch.channels_last if config.get("layout") == "nhwc" else torch.contiguous_format
+    w = spec.inputs[1].const.contiguous(memory_format=fmt)
+    b = spec.inputs[2].const if len(spec.inputs) > 2 and spec.inputs[2] is not None else None
+    stride, pad, dil, groups, allow = a["strides"], a["pads"][:2], a["dilations"], a["group"], spec.tf32
+    residual = bool(a.get("residual"))
+
+    def run(inputs):
+        x = inputs[0].contiguous(memory_format=fmt)
+        bias = b if b is not None else (inputs[2] if len(inputs) > 2 else None)
+        with tf32(allow):
+            if residual:
+                z = inputs[3].contiguous(memory_format=fmt)
+                return [torch.cudnn_convolution_add_relu(x, w, z, 1.0, bias, stride, pad, dil, groups)]
+            return [torch.cudnn_convolution_relu(x, w, bias, stride, pad, dil, groups)]
+
+    return run
+
+
 def _compile_conv(spec: LayerSpec, config, device):
+    if config.get("epilogue") == "cudnn":
+        return _compile_cudnn_epilogue(spec, config, device)
     conv = torch_conv._compile(_plain(spec, 3), config, device)
     act, residual = _epilogue(spec), bool(spec.attrs.get("residual"))
 
@@ -126,7 +159,7 @@ def _compile_add_ln(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_conv, torch_conv._configs, priority=10))
+register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_conv, _conv_configs, priority=10))
 register(Tactic("cublaslt_fused_gemm", ("FusedGemm",), _compile_gemm, _supports_gemm, priority=10))
 register(Tactic("sdpa_fused_attention", ("FusedAttention",), _compile_attention, _supports_attention,
                 lambda spec, device, level: [{"backend": b} for b in _BACKENDS], priority=10))
