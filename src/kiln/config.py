@@ -62,6 +62,7 @@ class BuildConfig:
     layer_precisions: dict[str, str] = field(default_factory=dict)
     keep_io_precision: bool = True
     cuda_graph: bool = True
+    workspace_bytes: int | None = None   # most transient memory one kernel may take (--memory-pool workspace=)
     fold_budget_bytes: int = 64 * 2**20
 
     def __post_init__(self):
@@ -69,6 +70,8 @@ class BuildConfig:
             raise ConfigError(f"opt_level must be 0..5, got {self.opt_level}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.workspace_bytes is not None and self.workspace_bytes < 0:
+            raise ConfigError(f"workspace limit must be >= 0 bytes, got {self.workspace_bytes}")
         if self.fp16 and self.bf16:
             raise ConfigError("choose one of fp16 and bf16")
         profiles = tuple({k: (v if isinstance(v, ShapeRange) else ShapeRange(*v)) for k, v in p.items()}

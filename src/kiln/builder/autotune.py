@@ -80,6 +80,19 @@ def _close(got: list, want: list, tf32: bool) -> str | None:
     return None
 
 
+def workspace_bytes(kernel, inputs) -> int:
+    """Transient device memory one run of `kernel` takes beyond its outputs: the allocator's peak during the
+    run, less what was allocated before it and what its outputs keep (each rounded to the allocator's 512 B)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    outs = kernel(inputs)
+    torch.cuda.synchronize()
+    kept = sum(-(-o.untyped_storage().nbytes() // 512) * 512
+               for o in outs if isinstance(o, torch.Tensor) and o.is_cuda)
+    return max(0, torch.cuda.max_memory_allocated() - before - kept)
+
+
 def _time(kernel, inputs, repeats: int) -> float:
     """Median microseconds of `repeats` runs, each timed with CUDA events after warm-up."""
     for _ in range(3):
@@ -98,9 +111,12 @@ def _time(kernel, inputs, repeats: int) -> float:
 class Autotuner:
     """Chooses a tactic per layer for one build; reads and fills the timing cache."""
 
-    def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None):
-        self.device, self.level, self.tf32, self.cache = device, opt_level, tf32, cache
+    def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None,
+                 workspace: int | None = None):
+        self.device, self.level, self.tf32, self.cache, self.workspace = device, opt_level, tf32, cache, workspace
         self.env = environment_key(device.fingerprint())
+        if workspace is not None:  # a choice made under a workspace limit is not the unlimited one
+            self.env += f"|workspace<={workspace}"
         self.by_layout: dict[str, dict[str, tuple[float, str, dict]]] = {}  # layer → layout → best timing
         self.layout: str | None = None
 
@@ -147,6 +163,11 @@ class Autotuner:
                     try:
                         kernel = tactic.compile(spec, config, self.device)
                         why = _close(kernel(args), want, self.tf32)
+                        if not why and self.workspace is not None:
+                            need = workspace_bytes(kernel, args)
+                            if need > self.workspace:
+                                why = (f"needs {need} bytes of workspace, over the limit of {self.workspace} "
+                                       "(--memory-pool workspace=)")
                     except torch.cuda.OutOfMemoryError:
                         why = "out of memory"
                     except Exception as e:  # a candidate's failure is data, never fatal
@@ -169,11 +190,12 @@ class Autotuner:
 
 
 def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
-         cache: TimingCache | None, progress: Callable[[str, int, int], None]) -> dict[str, Choice]:
+         cache: TimingCache | None, progress: Callable[[str, int, int], None],
+         workspace: int | None = None) -> dict[str, Choice]:
     """A Choice for every layer of `net` (the reference everywhere on the CPU)."""
     if device.backend != "cuda":
         return {layer.name: Choice(registry.REFERENCE) for layer in net.layers}
-    tuner = Autotuner(device, opt_level, tf32, cache)
+    tuner = Autotuner(device, opt_level, tf32, cache, workspace)
     choices = {}
     started = time.perf_counter()
     for i, layer in enumerate(net.layers):

@@ -48,6 +48,10 @@ def _unhonoured(config: BuildConfig, device: Device) -> list[str]:
         notes.append("the CPU backend runs fp16/bf16 layers through its reference kernels: correct, not fast")
     if config.timing_cache:
         notes.append("--timing-cache is unused by the CPU backend: it has no kernels to tune")
+    if config.workspace_bytes is not None:
+        notes.append("--memory-pool workspace= has no effect on the CPU backend: its reference kernels are not tuned")
+    if not config.cuda_graph:
+        notes.append("--no-cuda-graph has no effect on the CPU backend: it never captures CUDA graphs")
     return notes
 
 
@@ -94,7 +98,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     weights = {k: to_device(v, ctx.device.torch_device) for k, v in net.constants.items()}
     cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
     choices = stage("tune", lambda: tune(net, weights, ctx.device, config.opt_level, config.tf32, cache,
-                                         ctx.progress))
+                                         ctx.progress, config.workspace_bytes))
     if cache is not None:
         info["timing_cache"] = {"path": str(cache.path), "hits": cache.hits, "misses": cache.misses}
     engine = stage("plan", lambda: Engine(net, config, ctx.device, source_sha256=loaded.sha256, build_info=info,

@@ -9,7 +9,7 @@ import typer
 
 import kiln
 from kiln.cli.errors import command
-from kiln.cli.options import Device, Json, Shapes, Verbose, parse_shapes
+from kiln.cli.options import Device, Json, Shapes, Verbose, parse_memory_pools, parse_shapes
 from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
 from kiln.errors import ConfigError
@@ -90,6 +90,15 @@ def build(
     device: Device = "auto",
     layer_precision: Annotated[Optional[list[str]], typer.Option(
         "--layer-precision", help="Pin a layer's precision, NAME=fp32; repeatable.")] = None,
+    keep_io_precision: Annotated[bool, typer.Option(
+        "--keep-io-precision/--reduced-io-precision",
+        help="Keep inputs and outputs in the model's declared types, or let them take the reduced precision.")
+    ] = True,
+    memory_pool: Annotated[Optional[list[str]], typer.Option(
+        "--memory-pool", help="Most transient device memory one kernel may take, workspace=SIZE (e.g. 256M); "
+                              "tactics that need more are skipped.")] = None,
+    cuda_graph: Annotated[bool, typer.Option(
+        "--cuda-graph/--no-cuda-graph", help="Capture the whole engine in a CUDA graph per input shape.")] = True,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
@@ -103,7 +112,9 @@ def build(
                             parse_shapes(opt_shapes, "--opt-shapes"), parse_shapes(max_shapes, "--max-shapes"))
     config = kiln.BuildConfig(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, profiles=profiles,
                               timing_cache=str(timing_cache) if timing_cache else None, opt_level=opt_level,
-                              device=device, layer_precisions=parse_layer_precisions(layer_precision))
+                              device=device, layer_precisions=parse_layer_precisions(layer_precision),
+                              keep_io_precision=keep_io_precision, cuda_graph=cuda_graph,
+                              workspace_bytes=parse_memory_pools(memory_pool).get("workspace"))
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)
     engine.save(plan)

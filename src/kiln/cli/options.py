@@ -39,3 +39,21 @@ def parse_shapes(specs: list[str] | None, option: str = "--shapes") -> dict[str,
 
 def is_onnx(path: Path) -> bool:
     return path.suffix.lower() == ".onnx"
+
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMG]i?B?|B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_memory_pools(specs: list[str] | None) -> dict[str, int]:
+    """`["workspace=256M"]` (or trtexec's `workspace:256M`) → `{"workspace": 268435456}`; K/M/G are powers of 1024."""
+    pools: dict[str, int] = {}
+    for spec in specs or ():
+        for item in spec.split(","):
+            name, sep, size = item.strip().replace(":", "=", 1).partition("=")
+            m = _SIZE.match(size.strip())
+            if not sep or name != "workspace" or not m:
+                raise ConfigError(f"--memory-pool {item.strip()!r} is not workspace=SIZE; write e.g. "
+                                  "--memory-pool workspace=256M (K, M, G: powers of 1024)")
+            pools[name] = int(float(m.group(1)) * _UNITS[(m.group(2) or "")[:1].upper()])
+    return pools
