@@ -6,6 +6,8 @@ floating-point sums differently, which moves results by a few ulps.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -13,6 +15,8 @@ from onnx import helper
 
 import kiln
 
+# KILN_TEST_DEVICE=cuda runs the op tests on the GPU (ONNX Runtime on the CPU stays the reference)
+DEVICE = os.environ.get("KILN_TEST_DEVICE", "cpu")
 ORT_IR = 10  # ONNX Runtime 1.31 reads IR versions up to 13; 10 is enough for opset <= 21
 
 
@@ -38,7 +42,7 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
 def run_both(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = sess.run(None, feeds)
-    engine = kiln.build(model, kiln.BuildConfig(device="cpu"))
+    engine = kiln.build(model, kiln.BuildConfig(device=DEVICE))
     got = engine.create_context().run(feeds)
     return want, [got[o.name] for o in model.graph.output]
 

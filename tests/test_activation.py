@@ -5,7 +5,7 @@ import pytest
 
 import kiln
 from kiln.errors import UnsupportedOpError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(1)
 
@@ -32,7 +32,7 @@ def test_swish():
     """ORT 1.32 has no Swish-24 kernel: compare with x * sigmoid(alpha * x) directly."""
     v = x(3, 4)
     model = make_model("Swish", {"x": v}, {"alpha": 0.5}, opset=24)
-    got = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run({"x": v})["out0"]
+    got = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run({"x": v})["out0"]
     np.testing.assert_allclose(got, v / (1 + np.exp(-0.5 * v)), rtol=1e-5, atol=1e-6)
 
 
@@ -50,12 +50,12 @@ def test_gelu_bad_approximation_rejected():
     model = make_model("Gelu", {"x": x(2, 3)}, opset=20)
     model.graph.node[0].attribute.append(__import__("onnx").helper.make_attribute("approximate", "erf"))
     with pytest.raises(UnsupportedOpError, match="approximate"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 def test_prelu_opset6_slope_per_channel():
     """Before opset 7 a 1-D slope of C values applies along axis 1."""
     v, slope = x(2, 3, 4), np.array([0.1, 0.2, 0.3], np.float32)
     model = make_model("PRelu", {"x": v}, constants={"slope": slope}, opset=6)
-    got = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run({"x": v})["out0"]
+    got = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run({"x": v})["out0"]
     np.testing.assert_allclose(got, np.where(v < 0, v * slope[:, None], v), rtol=1e-6)

@@ -12,7 +12,7 @@ import kiln
 from kiln.errors import ModelError, UnsupportedOpError
 from kiln.frontend.onnx import import_onnx
 from kiln.kinds import run_reference
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 
@@ -25,7 +25,7 @@ def check_ref(op, inputs, attrs=None, *, rtol=1e-4, atol=1e-5, **kw):
     """Like check_op, but against onnx's ReferenceEvaluator (ORT has no kernel for these opsets)."""
     model = make_model(op, inputs, attrs, **kw)
     want = ReferenceEvaluator(model).run(None, inputs)
-    got = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run(inputs)
+    got = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run(inputs)
     for w, o in zip(want, model.graph.output):
         g = got[o.name]
         assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
@@ -81,7 +81,7 @@ def test_attention_plan_round_trip(tmp_path):
     """The softmax_precision attribute (a DType) survives saving and loading a plan."""
     inputs = {k: v.astype(np.float16) for k, v in qkv().items()}
     model = make_model("Attention", inputs, {"softmax_precision": 1}, opset=23)
-    kiln.build(model, kiln.BuildConfig(device="cpu")).save(tmp_path / "a.plan")
+    kiln.build(model, kiln.BuildConfig(device=DEVICE)).save(tmp_path / "a.plan")
     got = kiln.load(tmp_path / "a.plan").create_context().run(inputs)["out0"]
     want = ReferenceEvaluator(model).run(None, inputs)[0]
     np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3)  # fp16 storage: a few ulps

@@ -9,7 +9,7 @@ from onnx.reference import ReferenceEvaluator
 
 import kiln
 from kiln.errors import ModelError, UnsupportedOpError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy warns on the inf/NaN inputs made on purpose
 rng = np.random.default_rng(2)
@@ -20,7 +20,7 @@ INTS4 = [T.INT4, T.UINT4, T.INT2, T.UINT2]
 
 
 def run(model, feeds):
-    return kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run(feeds)["out0"]
+    return kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run(feeds)["out0"]
 
 
 def check_ref(inputs, attrs, op="Cast", opset=25):
@@ -115,17 +115,17 @@ def test_bitcast_width_mismatch_rejected():
     model.graph.node[0].op_type = "BitCast"
     model.graph.node[0].attribute[0].CopyFrom(helper.make_attribute("to", T.INT64))
     with pytest.raises(ModelError, match="same bit.width"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 def test_unsupported_target_rejected():
     model = make_model("Cast", {"x": np.zeros(3, np.float32)}, {"to": T.FLOAT6E2M3}, opset=28)
     with pytest.raises(ModelError, match="FLOAT6E2M3"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 def test_bad_round_mode_rejected():
     model = make_model("Cast", {"x": np.zeros(3, np.float32)}, {"to": T.FLOAT8E8M0}, opset=25)
     model.graph.node[0].attribute.append(helper.make_attribute("round_mode", "sideways"))
     with pytest.raises(UnsupportedOpError, match="round_mode"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))

@@ -11,6 +11,7 @@ from onnx import helper as h
 
 import kiln
 from kiln.errors import UnsupportedOpError
+from opcheck import DEVICE
 
 ORT_IR = 10
 F = T.FLOAT
@@ -41,7 +42,7 @@ def same(got, want, rtol=1e-4, atol=1e-5) -> None:
 def check_model(m: onnx.ModelProto, feeds: dict, **tol) -> kiln.Engine:
     """Run `m` in kiln and ONNX Runtime and compare every output; returns the engine."""
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    engine = kiln.build(m, kiln.BuildConfig(device="cpu"))
+    engine = kiln.build(m, kiln.BuildConfig(device=DEVICE))
     got = engine.create_context().run(feeds)
     for out, w in zip(m.graph.output, want):
         same(got[out.name], w, **tol)
@@ -134,7 +135,7 @@ def test_scan8_batched():
               opset=8)
     rng = np.random.default_rng(1)
     feeds = {"init": rng.random((3, 2), np.float32), "xs": rng.random((3, 4, 2), np.float32)}
-    engine = kiln.build(m, kiln.BuildConfig(device="cpu"))  # ORT no longer runs opset 8: check by hand
+    engine = kiln.build(m, kiln.BuildConfig(device=DEVICE))  # ORT no longer runs opset 8: check by hand
     got = engine.run(feeds)
     acc = feeds["init"].copy()
     ys = np.zeros_like(feeds["xs"])
@@ -151,7 +152,7 @@ def test_loop_without_trip_count_or_condition_is_refused():
                         [vi("cond_out", T.BOOL, []), vi("v_out", F, [1])])
     m = model([h.make_node("Loop", ["", "", "x"], ["y"], body=body)], [vi("x", F, [1])], [vi("y", F, [1])])
     with pytest.raises(UnsupportedOpError, match="never ends"):
-        kiln.build(m, kiln.BuildConfig(device="cpu"))
+        kiln.build(m, kiln.BuildConfig(device=DEVICE))
 
 
 def test_scan8_sequence_lens_is_refused():
@@ -161,7 +162,7 @@ def test_scan8_sequence_lens_is_refused():
     m = model([node], [vi("lens", T.INT64, [3]), vi("init", F, [3, 2]), vi("xs", F, [3, 4, 2])],
               [vi("final", F, [3, 2])], opset=8)
     with pytest.raises(UnsupportedOpError, match="sequence_lens"):
-        kiln.build(m, kiln.BuildConfig(device="cpu"))
+        kiln.build(m, kiln.BuildConfig(device=DEVICE))
 
 
 def test_unsupported_op_inside_a_body_is_named():
@@ -170,4 +171,4 @@ def test_unsupported_op_inside_a_body_is_named():
     m = model([h.make_node("If", ["c"], ["y"], name="branch", then_branch=then, else_branch=other)],
               [vi("c", T.BOOL, []), vi("x", F, [1])], [vi("y", F, [1])])
     with pytest.raises(UnsupportedOpError, match="node 'deep' in subgraph 'then_branch' of node 'branch'.*NoSuchOp"):
-        kiln.build(m, kiln.BuildConfig(device="cpu"))
+        kiln.build(m, kiln.BuildConfig(device=DEVICE))

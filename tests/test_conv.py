@@ -7,7 +7,7 @@ import pytest
 import kiln
 from kiln.errors import UnsupportedOpError
 from kiln.frontend.onnx import import_onnx
-from opcheck import check_op, make_model, run_both
+from opcheck import DEVICE, check_op, make_model, run_both
 
 rng = np.random.default_rng(0)
 
@@ -98,11 +98,11 @@ def test_deform_conv(offset_group, group, with_mask):
 def test_conv_4d_is_rejected():
     model = make_model("Conv", {"x": randn(1, 1, 3, 3, 3, 3)}, constants={"w": randn(1, 1, 2, 2, 2, 2)})
     with pytest.raises(UnsupportedOpError, match="4-D Conv is not supported"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 def test_deform_conv_3d_is_rejected():
     model = make_model("DeformConv", {"x": randn(1, 1, 3, 3, 3)},
                        constants={"w": randn(1, 1, 2, 2, 2), "offset": randn(1, 24, 2, 2, 2)}, opset=19)
     with pytest.raises(UnsupportedOpError, match="3-D DeformConv"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))

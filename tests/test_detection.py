@@ -6,7 +6,7 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.errors import UnsupportedOpError
-from opcheck import make_model, run_both
+from opcheck import DEVICE, make_model, run_both
 
 rng = np.random.default_rng(0)
 
@@ -54,4 +54,4 @@ def test_nms_rejects_bad_center_point_box():
     feeds = {"boxes": boxes(1, 5, 0), "scores": rng.uniform(0, 1, (1, 1, 5)).astype(np.float32)}
     model = make_model("NonMaxSuppression", feeds, {"center_point_box": 2}, opset=11)
     with pytest.raises(UnsupportedOpError, match="center_point_box"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))

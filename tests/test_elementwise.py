@@ -7,7 +7,7 @@ from onnx.reference import ReferenceEvaluator
 
 import kiln
 from kiln.errors import KilnError, UnsupportedOpError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 UNSIGNED = [np.uint8, np.uint16, np.uint32, np.uint64]
@@ -17,7 +17,7 @@ def check_ref(op, inputs, attrs=None, **kw):
     """Assert kiln matches ONNX's reference evaluator exactly (used for integer types ORT does not cover)."""
     model = make_model(op, inputs, attrs, **kw)
     want = ReferenceEvaluator(model).run(None, inputs)
-    got = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run(inputs)
+    got = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run(inputs)
     for w, g in zip(want, [got[o.name] for o in model.graph.output]):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_array_equal(g, w)
@@ -170,7 +170,7 @@ def test_identity_and_legacy_add():
 def test_legacy_broadcast_axis_rejected():
     model = make_model("Add", {"a": floats(2, 3, 4), "b": floats(3)}, {"broadcast": 1, "axis": 1}, opset=6)
     with pytest.raises(UnsupportedOpError, match="legacy broadcast"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 def _dropout_model(ratio, training, seed=None):
@@ -183,7 +183,7 @@ def test_dropout_inference():
     check_op("Dropout", {"x": floats(3, 4)}, n_outputs=2, opset=13)
     check_op("Dropout", {"x": floats(3, 4)}, {"ratio": 0.3}, opset=10)
     x = floats(3, 4)
-    out = kiln.build(_dropout_model(0.0, True), kiln.BuildConfig(device="cpu")).create_context().run({"x": x})
+    out = kiln.build(_dropout_model(0.0, True), kiln.BuildConfig(device=DEVICE)).create_context().run({"x": x})
     np.testing.assert_array_equal(out["out0"], x)
     assert out["out1"].dtype == bool and out["out1"].all()
 
@@ -192,16 +192,16 @@ def test_dropout_seeded_training_matches_onnx_reference():
     model = _dropout_model(0.5, True, seed=3)
     x = floats(3, 4)
     want = ReferenceEvaluator(model).run(None, {"x": x})
-    got = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run({"x": x})
+    got = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run({"x": x})
     np.testing.assert_allclose(got["out0"], want[0], rtol=1e-6)
     np.testing.assert_array_equal(got["out1"], want[1])
 
 
 def test_dropout_random_training_rejected():
     with pytest.raises(UnsupportedOpError, match="training_mode"):
-        kiln.build(_dropout_model(0.5, True), kiln.BuildConfig(device="cpu"))
+        kiln.build(_dropout_model(0.5, True), kiln.BuildConfig(device=DEVICE))
     model = make_model("Dropout", {"x": floats(3, 4), "r": np.array(0.5, np.float32), "t": np.array(True)}, opset=13)
-    engine = kiln.build(model, kiln.BuildConfig(device="cpu"))
+    engine = kiln.build(model, kiln.BuildConfig(device=DEVICE))
     with pytest.raises(KilnError, match="no seed"):
         engine.create_context().run({"x": floats(3, 4), "r": np.array(0.5, np.float32), "t": np.array(True)})
 

@@ -9,7 +9,7 @@ import pytest
 
 import kiln
 from kiln.errors import UnsupportedOpError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 
@@ -140,4 +140,4 @@ def test_unknown_reduction_is_unsupported():
                        opset=18)
     model.graph.node[0].attribute[0].s = b"mean"
     with pytest.raises(UnsupportedOpError, match="reduction='mean'"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))

@@ -6,7 +6,7 @@ import pytest
 
 import kiln
 from kiln.errors import UnsupportedOpError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 OPS = ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"]
@@ -54,4 +54,4 @@ def test_rejects_unknown_reduction(op):
     x, target = _case((2, 3))
     model = make_model(op, {"x": x, "t": target}, {"reduction": "max"})
     with pytest.raises(UnsupportedOpError, match="reduction='max'"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))

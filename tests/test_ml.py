@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.errors import ModelError, UnsupportedOpError
-from opcheck import ORT_IR, run_both
+from opcheck import DEVICE, ORT_IR, run_both
 
 rng = np.random.default_rng(0)
 ML = "ai.onnx.ml"
@@ -40,7 +40,7 @@ def check(model, x, rtol=1e-5, atol=1e-6, ort_model=None):
 
 
 def build(model):
-    return kiln.build(model, kiln.BuildConfig(device="cpu"))
+    return kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 def forest(n_trees=3, depth=3, features=4, targets=3, modes=range(6), dtype=np.float32):

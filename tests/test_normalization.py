@@ -9,7 +9,7 @@ import kiln
 from kiln.errors import UnsupportedOpError
 from kiln.frontend.onnx import import_onnx
 from kiln.kinds import run_reference
-from opcheck import check_op, make_model, run_both
+from opcheck import DEVICE, check_op, make_model, run_both
 
 rng = np.random.default_rng(0)
 
@@ -103,7 +103,7 @@ def test_lrn_even_size_window():
     """ORT rejects even sizes; the spec's window is c-⌊(size-1)/2⌋ .. c+⌈(size-1)/2⌉, checked directly."""
     x = _randn(1, 5, 2, 2)
     model = make_model("LRN", {"x": x}, {"size": 4, "alpha": 0.4, "beta": 0.75, "bias": 1.0}, opset=13)
-    got = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context().run({"x": x})["out0"]
+    got = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run({"x": x})["out0"]
     want = np.stack([x[:, c] / (1.0 + 0.1 * (x[:, max(0, c - 1):c + 3] ** 2).sum(1)) ** 0.75 for c in range(5)], 1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -119,7 +119,7 @@ def test_mvn(axes):
 
 
 def _import(*args, **kw):
-    kiln.build(make_model(*args, **kw), kiln.BuildConfig(device="cpu"))
+    kiln.build(make_model(*args, **kw), kiln.BuildConfig(device=DEVICE))
 
 
 def test_rejects_lp_order_3():
@@ -140,4 +140,4 @@ def test_rejects_non_spatial_batchnorm():
 def test_rejects_training_outputs_before_opset_14():
     with pytest.raises(UnsupportedOpError, match="training-mode outputs"):
         model = make_model("BatchNormalization", {"x": _randn(2, 3)}, constants=_bn_params(3), n_outputs=5, opset=9)
-        kiln.build(_declared(model, (2, 3), *[(3,)] * 4), kiln.BuildConfig(device="cpu"))
+        kiln.build(_declared(model, (2, 3), *[(3,)] * 4), kiln.BuildConfig(device=DEVICE))

@@ -5,7 +5,7 @@ import pytest
 
 import kiln
 from kiln.errors import UnsupportedOpError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 COORDS = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"]
@@ -97,7 +97,7 @@ def test_resize_unsupported_mode():
                        input_order=["x", "", "scales"], opset=13)
     model.graph.node[0].attribute[0].s = b"area"
     with pytest.raises(UnsupportedOpError, match="mode='area'"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
@@ -120,7 +120,7 @@ def test_grid_sample_cubic_3d_is_unsupported():
     model = make_model("GridSample", {"x": rand(1, 1, 2, 2, 2), "grid": rand(1, 1, 1, 1, 3)}, {"mode": "cubic"},
                        opset=20)
     with pytest.raises(UnsupportedOpError, match="rank-5"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 @pytest.mark.parametrize("align", [0, 1])

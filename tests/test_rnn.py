@@ -8,7 +8,7 @@ import pytest
 
 import kiln
 from kiln.errors import UnsupportedOpError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -65,7 +65,7 @@ def test_batchwise_layout(op):
     want = ort.InferenceSession(seqwise.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
     swapped = {k: v.transpose(1, 0, 2) if k in ("X", "h0", "c0") else v for k, v in inputs.items()}
     batchwise = make_model(op, swapped, {**attrs, "layout": 1}, opset=14, n_outputs=N_OUT[op], input_order=order)
-    got = kiln.build(batchwise, kiln.BuildConfig(device="cpu")).create_context().run(swapped)
+    got = kiln.build(batchwise, kiln.BuildConfig(device=DEVICE)).create_context().run(swapped)
     np.testing.assert_allclose(got["out0"], want[0].transpose(2, 0, 1, 3), rtol=1e-4, atol=1e-5)
     for i in range(1, N_OUT[op]):
         np.testing.assert_allclose(got[f"out{i}"], want[i].transpose(1, 0, 2), rtol=1e-4, atol=1e-5)
@@ -107,4 +107,4 @@ def test_unknown_activation_is_a_clear_error():
     out = h.make_tensor_value_info("Y_h", onnx.TensorProto.FLOAT, (1, 3, 6))
     model = h.make_model(h.make_graph([node], "g", ins, [out]), opset_imports=[h.make_opsetid("", 14)])
     with pytest.raises(UnsupportedOpError, match="'n'.*'gelu'"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 import kiln
 from kiln.errors import ModelError
 from kiln.ir.dtype import to_numpy
-from opcheck import make_model, run_both
+from opcheck import DEVICE, make_model, run_both
 
 rng = np.random.default_rng(0)
 
@@ -23,7 +23,7 @@ def run(op, feeds=None, attrs=None, runs=1, **kw):
     if (attrs or {}).get("dtype") != TensorProto.FLOAT16:  # ONNX Runtime has no fp16 random ops
         want, got = run_both(model, feeds)
         assert to_numpy(got[0]).dtype == want[0].dtype and got[0].shape == want[0].shape
-    ctx = kiln.build(model, kiln.BuildConfig(device="cpu")).create_context()
+    ctx = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context()
     # an engine without inputs has no numpy feeds to follow: it returns torch tensors
     return [to_numpy(ctx.run(feeds)[model.graph.output[0].name]) for _ in range(runs)]
 
@@ -60,7 +60,7 @@ def test_like(op, attrs):
 def test_like_rejects_integer_output():
     model = make_model("RandomUniformLike", {"x": np.zeros((3,), np.int32)})
     with pytest.raises(ModelError, match="unsupported type tensor.int32"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 @pytest.mark.parametrize("attrs", [{}, {"dtype": TensorProto.INT32}, {"dtype": TensorProto.BOOL, "seed": 1.0}])

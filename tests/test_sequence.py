@@ -10,6 +10,7 @@ from test_controlflow import check_model, model, vi
 
 import kiln
 from kiln.errors import InputError
+from opcheck import DEVICE
 
 F = T.FLOAT
 
@@ -104,7 +105,7 @@ def test_loop_grows_a_sequence():
 
 def test_bad_sequence_feed_is_an_input_error():
     m = model([h.make_node("SequenceLength", ["xs"], ["n"])], [seq("xs")], [vi("n", T.INT64, [])])
-    engine = kiln.build(m, kiln.BuildConfig(device="cpu"))
+    engine = kiln.build(m, kiln.BuildConfig(device=DEVICE))
     assert engine.run({"xs": [np.zeros(2, np.float32)] * 3})["n"] == 3
     with pytest.raises(InputError, match="expected a list"):
         engine.run({"xs": np.zeros(2, np.float32)})

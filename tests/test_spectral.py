@@ -7,7 +7,7 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.errors import ModelError
-from opcheck import check_op, make_model, run_both
+from opcheck import DEVICE, check_op, make_model, run_both
 
 rng = np.random.default_rng(0)
 # FFTs of up to 16 points in fp32: sums of 16 terms of magnitude ~1 differ by a few ulps between FFT libraries.
@@ -56,7 +56,7 @@ def test_dft_20_axis_input(axis, attrs):
 def test_dft_rejects_bad_complex_dim():
     model = make_model("DFT", {"x": signal(2, 6, 3)}, {"axis": 1})
     with pytest.raises(ModelError, match="last dimension must be 1"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 @pytest.mark.parametrize("onesided", [0, 1])

@@ -12,6 +12,7 @@ from test_controlflow import check_model, model, vi
 import kiln
 from kiln.errors import UnsupportedOpError
 from kiln.kinds.strings import python_pattern
+from opcheck import DEVICE
 
 S = T.STRING
 UNICODE = {"locale": "C.UTF-8"}  # ORT's default, en_US.UTF-8, needs a language pack; this one is always there
@@ -70,16 +71,16 @@ def test_regex_outside_the_safe_subset_is_refused(pattern, what):
         python_pattern(pattern)
     m = one_node("RegexFullMatch", {"pattern": pattern}, outputs=("y",))
     with pytest.raises(UnsupportedOpError, match="RE2"):
-        kiln.build(m, kiln.BuildConfig(device="cpu"))
+        kiln.build(m, kiln.BuildConfig(device=DEVICE))
 
 
 def test_unsupported_locale_is_refused():
     with pytest.raises(UnsupportedOpError, match="locale='C' is not supported"):
-        kiln.build(one_node("StringNormalizer", {"locale": "C"}, opset=10), kiln.BuildConfig(device="cpu"))
+        kiln.build(one_node("StringNormalizer", {"locale": "C"}, opset=10), kiln.BuildConfig(device=DEVICE))
 
 
 def test_string_outputs_survive_a_plan_round_trip(tmp_path):
-    engine = kiln.build(one_node("StringConcat", inputs=("a", "b")), kiln.BuildConfig(device="cpu"))
+    engine = kiln.build(one_node("StringConcat", inputs=("a", "b")), kiln.BuildConfig(device=DEVICE))
     engine.save(tmp_path / "m.plan")
     got = kiln.load(tmp_path / "m.plan").run({"a": strings("p", "q"), "b": strings("!")})["y"]
     assert got.dtype == object and got.tolist() == ["p!", "q!"]

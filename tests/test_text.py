@@ -5,7 +5,7 @@ import pytest
 
 import kiln
 from kiln.errors import ModelError
-from opcheck import check_op, make_model
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 
@@ -43,11 +43,11 @@ def test_tfidf_rejects_two_pools():
     a = attrs() | {"pool_strings": ["a"] * len(POOL)}
     model = make_model("TfIdfVectorizer", {"x": np.zeros(4, np.int64)}, a, opset=9)
     with pytest.raises(ModelError, match="exactly one of pool_int64s and pool_strings"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))
 
 
 def test_tfidf_rejects_partial_ngrams():
     a = attrs() | {"pool_int64s": POOL[:-1]}
     model = make_model("TfIdfVectorizer", {"x": np.zeros(4, np.int64)}, a, opset=9)
     with pytest.raises(ModelError, match="do not make whole 3-grams"):
-        kiln.build(model, kiln.BuildConfig(device="cpu"))
+        kiln.build(model, kiln.BuildConfig(device=DEVICE))

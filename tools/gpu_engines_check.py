@@ -1,0 +1,109 @@
+"""Issue 4's GPU acceptance in one run: FP16 engines of the five suite models against ONNX Runtime fp32, and
+ResNet-50's cold vs warm-timing-cache build times at the default opt level.
+
+    PYTHONPATH=src python tools/gpu_engines_check.py --out DIR [--models resnet50,...] [--batch 1]
+
+Writes DIR/engines-check.json; prints one table row per model last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import kiln  # noqa: E402
+from benchmarks.models import SPECS, instantiate, onnx_file  # noqa: E402
+
+
+def compare(got: np.ndarray, want: np.ndarray) -> dict:
+    g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    cos = float(g @ w / (np.linalg.norm(g) * np.linalg.norm(w) + 1e-300))
+    return {"cosine": cos, "max_rel": float(np.abs(g - w).max() / (np.abs(w).max() + 1e-300)),
+            "finite": bool(np.isfinite(g).all())}
+
+
+def check_model(name: str, batch: int, cache: Path) -> dict:
+    spec = SPECS[name]
+    made = instantiate(spec, spec.default_size)
+    path, _ = onnx_file(spec, made, spec.default_size, cache)
+    feeds = {k: v.numpy() for k, v in spec.inputs(batch, spec.default_size, seed=1).items()}
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    config = kiln.BuildConfig.with_shapes({k: v.shape for k, v in feeds.items()}, device="cuda", fp16=True)
+    t0 = time.perf_counter()
+    engine = kiln.build(path, config)
+    build_s = time.perf_counter() - t0
+    got = engine.create_context().run(feeds)
+    outs = {k: compare(got[k], want[k]) for k in want}
+    return {"model": name, "batch": batch, "source": made.source, "build_s": round(build_s, 1),
+            "outputs": outs, "ok": all(o["cosine"] >= 0.999 and o["finite"] for o in outs.values())}
+
+
+def cache_speedup(cache: Path, batch: int) -> dict:
+    """ResNet-50 fp16 at the default opt level: a cold build filling a fresh timing cache, then a warm one."""
+    spec = SPECS["resnet50"]
+    made = instantiate(spec, spec.default_size)
+    path, _ = onnx_file(spec, made, spec.default_size, cache)
+    db = cache / f"timing-{time.time_ns()}.db"
+    shapes = {"input": (batch, 3, spec.default_size, spec.default_size)}
+    times = []
+    for _ in range(2):
+        config = kiln.BuildConfig.with_shapes(shapes, device="cuda", fp16=True, timing_cache=str(db))
+        t0 = time.perf_counter()
+        engine = kiln.build(path, config)
+        times.append(time.perf_counter() - t0)
+    return {"model": "resnet50", "batch": batch, "opt_level": config.opt_level, "cold_s": round(times[0], 2),
+            "warm_s": round(times[1], 2), "speedup": round(times[0] / times[1], 2),
+            "timing_cache": engine.build_info.get("timing_cache")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cache", type=Path, default=Path(".kiln-cache/benchmarks"))
+    ap.add_argument("--models", default="resnet50,mobilenet_v2,vit_b_16,bert,minilm")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--cache-batch", type=int, default=64)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    result = {"date": str(date.today()), "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "kiln": kiln.__version__, "onnxruntime": ort.__version__, "models": [], "cache": None}
+    try:
+        result["cache"] = cache_speedup(args.cache, args.cache_batch)
+    except Exception as e:  # noqa: BLE001 - a check reports, it does not stop
+        result["cache"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    print(json.dumps(result["cache"]), flush=True)
+    for name in args.models.split(","):
+        try:
+            row = check_model(name, args.batch, args.cache)
+        except Exception as e:  # noqa: BLE001
+            row = {"model": name, "error": f"{type(e).__name__}: {e}"[:800], "ok": False}
+        result["models"].append(row)
+        print(json.dumps(row), flush=True)
+        (args.out / "engines-check.json").write_text(json.dumps(result, indent=1))
+    print(f"\n{result['device']} {result['date']} torch {result['torch']}")
+    c = result["cache"]
+    if "cold_s" in c:
+        print(f"resnet50 b{c['batch']} build: cold {c['cold_s']} s, warm {c['warm_s']} s, {c['speedup']}x")
+    print(f"{'model':14} {'ok':4} {'build s':>8}  worst cosine / max rel err")
+    for r in result["models"]:
+        if "error" in r:
+            print(f"{r['model']:14} ERR  {r['error'][:100]}")
+            continue
+        worst = min(r["outputs"].values(), key=lambda o: o["cosine"])
+        print(f"{r['model']:14} {'yes' if r['ok'] else 'NO':4} {r['build_s']:8.1f}  "
+              f"{worst['cosine']:.6f} / {max(o['max_rel'] for o in r['outputs'].values()):.2e}")
+
+
+if __name__ == "__main__":
+    main()
