@@ -17,7 +17,7 @@ from kiln.ir import Layer, Network, Tensor
 from kiln.ir.dtype import DType, to_numpy
 from kiln.kinds import run_reference
 from kiln.runtime.cuda_graph import GraphCache
-from kiln.runtime.io import as_torch, check_feeds
+from kiln.runtime.io import as_torch, check_feeds, fetch, upload
 from kiln.tactics.registry import Kernel
 
 Failure = Callable[[Layer, Exception], Exception]
@@ -102,48 +102,78 @@ def _feed_element(t: Tensor, value: Any) -> tuple[Any, bool]:
 class ExecutionContext:
     """Holds per-run state; the engine's weights are shared between contexts."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, cuda_graph: bool | None = None):
         self.engine = engine
         cuda = engine.device.backend == "cuda"
+        use_graph = engine.config.cuda_graph if cuda_graph is None else cuda_graph
         self.stream = torch.cuda.Stream() if cuda else None
-        self.graphs = GraphCache(self.stream) if cuda and engine.config.cuda_graph else None
+        self.graphs = GraphCache(self.stream) if cuda and use_graph else None
 
     def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None) -> dict[str, Any]:
         """Run the engine. numpy in → numpy out; torch or DLPack in → torch out (on the engine's device).
 
         `keep` names extra intermediate tensors to return as well (for debugging and `compare --mark-all`).
         Sequence inputs are lists of arrays, optional inputs an array or None.
+        The phases (`check`, `upload`, `execute`, `download`) are public so that `kiln bench` can time each.
         """
-        engine = self.engine
-        net = engine.network
+        tensors, as_numpy = self.check(feeds)
+        result = self.execute(self.upload(tensors), keep)
+        return self.download(result) if as_numpy else result
+
+    def check(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(runtime values on the host or device as given, whether the caller used numpy), checked against the
+        engine's inputs."""
+        net = self.engine.network
         other = [net.tensors[n] for n in net.inputs if net.tensors[n].kind != "tensor"]
         plain = {k: v for k, v in feeds.items() if k not in {t.name for t in other}}
         tensors, as_numpy = check_feeds(plain, [net.tensors[n] for n in net.inputs if net.tensors[n].kind == "tensor"],
-                                        engine.config.profiles)
+                                        self.engine.config.profiles)
         for t in other:
             if t.name not in feeds:
                 raise InputError(f"wrong inputs: missing [{t.name!r}]; the engine expects {net.inputs}")
             tensors[t.name], was_numpy = _feed_value(t, feeds[t.name])
             as_numpy |= was_numpy
-        dev = engine.device.torch_device
-        inputs = {k: to_device(v, dev) for k, v in tensors.items()}
+        return tensors, as_numpy
+
+    def upload(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """Inputs onto the engine's device, host tensors through pinned staging buffers (asynchronous, on the
+        current stream); device tensors are used as they are."""
+        dev = self.engine.device.torch_device
+        if self.stream is None:
+            return {k: to_device(v, dev) for k, v in tensors.items()}
+        return {k: upload(v, dev) for k, v in tensors.items()}
+
+    def execute(self, inputs: dict[str, Any], keep: set[str] | None = None) -> dict[str, Any]:
+        """The engine's kernels on device-resident inputs (a captured CUDA graph where possible), on this
+        context's stream, ordered after and before the caller's current stream; returns device values."""
         keep = set(keep or ())
         if self.stream is None:
-            result = self._run(inputs, keep)
-        else:
-            caller = torch.cuda.current_stream()
-            self.stream.wait_stream(caller)
+            return self._run(inputs, keep)
+        caller = torch.cuda.current_stream()
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream):
+            result = self.graphs.run(self._run, inputs) if self.graphs is not None and not keep else None
+        if result is None:
+            if self.graphs is not None and self.graphs.failed_capture:
+                self.stream = self.graphs.stream = torch.cuda.Stream()  # never reuse a stream a capture broke
+                self.graphs.failed_capture = False
+                self.stream.wait_stream(caller)
             with torch.cuda.stream(self.stream):
-                result = self.graphs.run(self._run, inputs) if self.graphs is not None and not keep else None
-            if result is None:
-                if self.graphs is not None and self.graphs.failed_capture:
-                    self.stream = self.graphs.stream = torch.cuda.Stream()  # never reuse a stream a capture broke
-                    self.graphs.failed_capture = False
-                    self.stream.wait_stream(caller)
-                with torch.cuda.stream(self.stream):
-                    result = self._run(inputs, keep)
-            caller.wait_stream(self.stream)
-        return {n: to_host(v) for n, v in result.items()} if as_numpy else result
+                result = self._run(inputs, keep)
+        caller.wait_stream(self.stream)
+        return result
+
+    def fetch(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Start copying device outputs into pinned host buffers on the current stream; wait for the stream
+        before reading them (`download` does both)."""
+        return {n: fetch(v) for n, v in result.items()} if self.stream is not None else result
+
+    def download(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Outputs as numpy arrays (sequences as lists of them), copied through pinned host buffers."""
+        staged = self.fetch(result)
+        if self.stream is not None:
+            torch.cuda.current_stream().synchronize()
+        return {n: to_host(v) for n, v in staged.items()}
 
     def _run(self, inputs: dict[str, Any], keep: set[str] = frozenset()) -> dict[str, Any]:
         """One eager pass over the engine's kernels; returns outputs (and the kept intermediates)."""

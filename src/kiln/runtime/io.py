@@ -94,3 +94,33 @@ def check_byte_length(name: str, data: bytes, dtype: DType, shape: tuple[int, ..
     if len(data) != want:
         raise InputError(f"input {name!r}: {len(data)} bytes given, but shape {list(shape)} of {dtype} "
                          f"needs {want} bytes")
+
+
+def upload(value: Any, device: str | torch.device) -> Any:
+    """A host tensor onto a CUDA `device` through a pinned staging buffer, asynchronously on the current stream.
+
+    Pinned blocks come from torch's caching host allocator, which holds each one until the copies issued
+    from it have finished; device tensors, strings and None are returned as they are.
+    """
+    device = torch.device(device)
+    if isinstance(value, list):
+        return [upload(v, device) for v in value]
+    if not isinstance(value, torch.Tensor) or device.type != "cuda":
+        return value
+    if value.is_cuda:
+        return value.to(device)
+    staging = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+    staging.copy_(value)
+    return staging.to(device, non_blocking=True)
+
+
+def fetch(value: Any) -> Any:
+    """Start a device tensor's copy into a pinned host buffer on the current stream (read it after the stream
+    has been synchronized); other values are returned as they are."""
+    if isinstance(value, list):
+        return [fetch(v) for v in value]
+    if not isinstance(value, torch.Tensor) or not value.is_cuda:
+        return value
+    host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+    host.copy_(value, non_blocking=True)
+    return host
