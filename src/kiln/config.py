@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kiln.errors import ConfigError
+from kiln.tactics.hardware_compat import HardwareCompat
 
 Shape = tuple[int, ...]
 
@@ -64,6 +65,7 @@ class BuildConfig:
     cuda_graph: bool = True
     workspace_bytes: int | None = None   # most transient memory one kernel may take (--memory-pool workspace=)
     fold_budget_bytes: int = 64 * 2**20
+    hardware_compat: str = "none"   # none | same-cc | portable: the devices the plan's tactics must be valid on
 
     def __post_init__(self):
         if not 0 <= self.opt_level <= 5:
@@ -72,6 +74,7 @@ class BuildConfig:
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.workspace_bytes is not None and self.workspace_bytes < 0:
             raise ConfigError(f"workspace limit must be >= 0 bytes, got {self.workspace_bytes}")
+        object.__setattr__(self, "hardware_compat", HardwareCompat.parse(self.hardware_compat).value)
         if self.fp16 and self.bf16:
             raise ConfigError("choose one of fp16 and bf16")
         profiles = tuple({k: (v if isinstance(v, ShapeRange) else ShapeRange(*v)) for k, v in p.items()}

@@ -35,6 +35,10 @@ class EngineCompatibilityError(PlanError):
     """A plan was built for another device or software versions."""
 
 
+class SignatureError(PlanError):
+    """A plan is unsigned, or its signature does not verify with the configured key."""
+
+
 class InputError(KilnError):
     """Inference inputs do not match what the engine expects."""
 

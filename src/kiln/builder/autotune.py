@@ -114,7 +114,7 @@ class Autotuner:
     def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None,
                  workspace: int | None = None):
         self.device, self.level, self.tf32, self.cache, self.workspace = device, opt_level, tf32, cache, workspace
-        self.env = environment_key(device.fingerprint())
+        self.env = environment_key(dict(device.fingerprint(), hardware_compat=device.hardware_compat))
         if workspace is not None:  # a choice made under a workspace limit is not the unlimited one
             self.env += f"|workspace<={workspace}"
         self.by_layout: dict[str, dict[str, tuple[float, str, dict]]] = {}  # layer → layout → best timing
@@ -136,6 +136,8 @@ class Autotuner:
         fast = [t for t in cands if t.name != registry.REFERENCE]
         if not fast:
             return Choice(registry.REFERENCE, rejected=refused)
+        if fast[0].untimed:  # a view: nothing to time, and always at least as fast as the reference
+            return Choice(fast[0].name, {}, None, "heuristic", refused)
         if not spec.static or any(v is not None and v.const is None and not v.dtype.is_float
                                   for v in spec.inputs if v is not None and v.dtype is not None):
             t = fast[0]  # no representative data to time or check with: priority decides

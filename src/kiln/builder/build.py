@@ -20,6 +20,7 @@ from kiln.frontend.onnx.limits import ModelLimits
 from kiln.passes import PassContext, default_passes, run_passes
 from kiln.quant import apply_precision
 from kiln.runtime.context import to_device
+from kiln.tactics.hardware_compat import HardwareCompat
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -68,8 +69,10 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
           progress: Progress | None = None) -> Engine:
     """Build an engine for the best device present (or `config.device`) from an ONNX model."""
     config = config or BuildConfig()
-    ctx = BuildContext(config, detect(config.device), progress or (lambda *a: None))
+    ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
     ctx.notes += _unhonoured(config, ctx.device)
+    if config.hardware_compat != "none":
+        ctx.notes.append(HardwareCompat.parse(config.hardware_compat).describe())
     t0 = time.perf_counter()
 
     def stage(name: str, fn):

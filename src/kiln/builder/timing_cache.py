@@ -32,7 +32,10 @@ class CachedChoice:
 def environment_key(fingerprint: dict) -> str:
     """Everything outside the layer that can change the answer: device and kiln/torch/triton/CUDA versions."""
     keys = ("name", "cc", "sms", "kiln", "torch", "triton", "cuda", "driver")
-    return json.dumps({k: fingerprint.get(k) for k in keys}, sort_keys=True)
+    env = {k: fingerprint.get(k) for k in keys}
+    if fingerprint.get("hardware_compat", "none") != "none":  # a compat build searches fewer configs
+        env["hardware_compat"] = fingerprint["hardware_compat"]
+    return json.dumps(env, sort_keys=True)
 
 
 class TimingCache:

@@ -1,25 +1,75 @@
-"""Does a plan's recorded device and software match the machine loading it? Policy decides what follows."""
+"""Does a plan's recorded device and software match the machine loading it? Policy decides what follows.
+
+Decided from the header alone, before the payload is parsed. Differences that make a plan wrong or
+slow here (another GPU model, other kiln/torch/triton/CUDA versions) block under `strict`; a plan built
+`--hardware-compat same-cc` or `portable` loads under `strict` on any GPU of its class, saying so.
+"""
 
 from __future__ import annotations
 
 import enum
+import shlex
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 
 from kiln.builder.device import Device, detect
 from kiln.errors import EngineCompatibilityError
+from kiln.tactics.hardware_compat import PORTABLE_MIN_CC, HardwareCompat
+
+SOFTWARE = ("kiln", "torch", "triton", "cuda")  # kernels and tactic choices depend on these
+CARD = ("name", "sms", "memory")                 # a GPU model, beyond its compute capability
+INFORMATIONAL = ("driver",)                      # said, never blocking
 
 
 class Policy(enum.Enum):
-    STRICT = "strict"   # refuse any difference
-    WARN = "warn"       # run, saying what differs
+    STRICT = "strict"   # refuse a plan for another device model or software versions
+    WARN = "warn"       # run it anyway, saying what differs
+    RETUNE = "retune"   # re-run the autotuner on this device for the plan's layers
+
+    @classmethod
+    def parse(cls, value) -> "Policy":
+        try:
+            return value if isinstance(value, cls) else cls(str(value))
+        except ValueError:
+            raise EngineCompatibilityError(f"policy {value!r} is not one of strict, warn, retune") from None
 
 
-def check(header: dict, policy: Policy | str = Policy.STRICT, source: str = "plan") -> Device:
-    """Return the device to run on, or raise EngineCompatibilityError naming each difference."""
-    policy = Policy(policy)
-    built = header.get("device") or {}
+class CompatibilityWarning(UserWarning):
+    """A plan runs on a device or software it was not built or tuned for."""
+
+
+@dataclass
+class Report:
+    """What differs between the plan's build machine and this one."""
+
+    device: Device
+    built: dict
+    compat: HardwareCompat
+    blocking: list[str] = field(default_factory=list)   # refused under strict
+    notes: list[str] = field(default_factory=list)      # differences the plan's compat class allows, or harmless
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.blocking or self.notes)
+
+
+def _diff(key: str, built, here) -> str:
+    return f"{key}: built with {built!r}, running {here!r}"
+
+
+def _cc(value) -> tuple[int, int] | None:
+    try:
+        major, minor = str(value).split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def compare(header: dict, source: str = "plan") -> Report:
+    """The differences between the header's device fingerprint and this machine (no policy applied)."""
+    built = header.get("device") if isinstance(header.get("device"), dict) else {}
     backend = built.get("backend")
     if backend == "cuda" and not torch.cuda.is_available():
         raise EngineCompatibilityError(
@@ -27,14 +77,87 @@ def check(header: dict, policy: Policy | str = Policy.STRICT, source: str = "pla
             "rebuild it here with `kiln build MODEL.onnx --device cpu`")
     if backend not in ("cpu", "cuda"):
         raise EngineCompatibilityError(f"{source} names an unknown backend {backend!r}; rebuild it")
+    try:
+        compat = HardwareCompat.parse(header.get("hardware_compat", "none"))
+    except Exception:
+        raise EngineCompatibilityError(f"{source} names an unknown hardware-compat class "
+                                       f"{header.get('hardware_compat')!r}; rebuild it") from None
     device = detect(backend)
     here = device.fingerprint()
-    keys = ("name", "cc", "kiln", "torch", "cuda") if backend == "cuda" else ("kiln", "torch")
-    diffs = [f"{k}: built with {built.get(k)!r}, running {here.get(k)!r}" for k in keys if built.get(k) != here.get(k)]
-    if diffs:
-        msg = (f"{source} does not match this machine ({'; '.join(diffs)}); rebuild it here with "
-               "`kiln build MODEL.onnx -o PLAN`, or load with policy 'warn' to run it anyway")
-        if policy is Policy.STRICT:
-            raise EngineCompatibilityError(msg)
-        warnings.warn(msg, stacklevel=3)
-    return device
+    report = Report(device, built, compat)
+    present = lambda keys: [k for k in keys if k in built and built.get(k) != here.get(k)]  # noqa: E731
+    report.blocking += [_diff(k, built[k], here.get(k)) for k in present(SOFTWARE)]
+    report.notes += [_diff(k, built[k], here.get(k)) for k in present(INFORMATIONAL)]
+    if backend == "cpu":
+        report.notes += [_diff(k, built[k], here.get(k)) for k in present(("name",))]
+        return report
+    card = [_diff(k, built[k], here.get(k)) for k in present(CARD)]
+    cc_differs = "cc" in built and built["cc"] != here.get("cc")
+    if compat is HardwareCompat.NONE:
+        report.blocking += card + ([_diff("cc", built["cc"], here.get("cc"))] if cc_differs else [])
+    elif compat is HardwareCompat.SAME_CC:
+        if cc_differs:
+            report.blocking.append(_diff("cc", built["cc"], here.get("cc")) +
+                                   " (the plan is hardware-compat same-cc: it runs on GPUs of its compute capability)")
+        if card:
+            report.notes.append(f"plan is hardware-compat same-cc and runs on this GPU of compute capability "
+                                f"{here.get('cc')}, but was tuned on {built.get('name')!r}")
+    else:
+        cc = _cc(here.get("cc"))
+        if cc is not None and cc < PORTABLE_MIN_CC:
+            report.blocking.append(f"cc: this GPU has compute capability {here.get('cc')}; the plan is "
+                                   f"hardware-compat portable, for sm{PORTABLE_MIN_CC[0]}{PORTABLE_MIN_CC[1]} and newer")
+        if card or cc_differs:
+            report.notes.append(f"plan is hardware-compat portable and runs on this GPU ({here.get('name')!r}, "
+                                f"cc {here.get('cc')}), but was tuned on {built.get('name')!r} (cc {built.get('cc')})")
+    return report
+
+
+def message(report: Report, header: dict, source: str, refused: bool) -> str:
+    """Each difference, then what to do: rebuild (the exact command), retune, or load anyway."""
+    diffs = report.blocking + report.notes
+    head = (f"{source} was built for another device or software and is refused under policy strict"
+            if refused else f"{source} runs on a device or software it was not built for")
+    rebuild = header.get("rebuild") if isinstance(header.get("rebuild"), str) else "kiln build MODEL.onnx -o PLAN"
+    plan = shlex.quote(source)
+    fixes = (f"rebuild it here with `{rebuild}`; or re-tune it for this device (fast with a timing cache): "
+             f"`kiln retune {plan} -o NEW.plan --timing-cache CACHE` (in Python: kiln.load(path, policy='retune'))")
+    if refused:
+        fixes += "; or run it as it is with --policy warn"
+    return f"{head}: {'; '.join(diffs)}. To get full speed here, {fixes}"
+
+
+def check(header: dict, policy: Policy | str = Policy.STRICT, source: str = "plan") -> Report:
+    """Apply `policy`: strict raises EngineCompatibilityError naming each blocking difference; otherwise every
+    difference is said as a CompatibilityWarning (under retune, the caller re-tunes when `report.differs`)."""
+    policy = Policy.parse(policy)
+    report = compare(header, source)
+    if policy is Policy.STRICT and report.blocking:
+        raise EngineCompatibilityError(message(report, header, source, refused=True))
+    if report.differs and policy is not Policy.RETUNE:
+        warnings.warn(message(report, header, source, refused=False), CompatibilityWarning, stacklevel=4)
+    return report
+
+
+def rebuild_command(config: dict, source: str, plan: str) -> str:
+    """The `kiln build` command line that rebuilds a plan with the same options."""
+    args = ["kiln", "build", source if source and not source.startswith("<") else "MODEL.onnx", "-o", plan]
+    args += [f"--{f}" for f in ("fp16", "bf16", "tf32", "int8", "fp8") if config.get(f)]
+    profiles = config.get("profiles") or []
+    if profiles:
+        p = profiles[0]
+        dims = lambda s: "x".join(map(str, s))  # noqa: E731
+        fixed = [f"{n}:{dims(r['min'])}" for n, r in p.items() if r["min"] == r["max"]]
+        ranged = {n: r for n, r in p.items() if r["min"] != r["max"]}
+        if fixed:
+            args += ["--shapes", ",".join(fixed)]
+        for which in ("min", "opt", "max") if ranged else ():
+            args += [f"--{which}-shapes", ",".join(f"{n}:{dims(r[which])}" for n, r in ranged.items())]
+    if config.get("opt_level", 3) != 3:
+        args += ["--opt-level", str(config["opt_level"])]
+    if config.get("hardware_compat", "none") != "none":
+        args += ["--hardware-compat", config["hardware_compat"]]
+    for name, precision in (config.get("layer_precisions") or {}).items():
+        args += ["--layer-precision", f"{name}={precision}"]
+    args += ["--timing-cache", "CACHE"] if config.get("timing_cache") else []
+    return shlex.join(args)

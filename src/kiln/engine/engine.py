@@ -9,7 +9,8 @@ from pathlib import Path
 from kiln.builder.autotune import Choice
 from kiln.builder.device import Device
 from kiln.config import BuildConfig
-from kiln.engine import compat, plan
+from kiln.engine import compat, plan, signing
+from kiln.engine.retune import retune
 from kiln.engine.serialize import network_from_json, network_to_json
 from kiln.errors import PlanError
 from kiln.ir import Network
@@ -26,13 +27,14 @@ class Engine:
 
     def __init__(self, network: Network, config: BuildConfig, device: Device, *,
                  source_sha256: str = "", build_info: dict | None = None, header: dict | None = None,
-                 tactics: dict[str, Choice] | None = None):
+                 tactics: dict[str, Choice] | None = None, tuned_for: dict | None = None):
         self.network = network
         self.config = config
         self.device = device
         self.source_sha256 = source_sha256
         self.build_info = dict(build_info or {})
         self.header = header
+        self.tuned_for = tuned_for or device.fingerprint()  # the device fingerprint its tactics were chosen on
         self.memory_plan = plan_memory(network)
         self.weights = {k: to_device(v, device.torch_device) for k, v in network.constants.items()}
         self.has_dynamic_inputs = any(not network.tensors[n].is_static for n in network.inputs)
@@ -81,22 +83,38 @@ class Engine:
         return self.create_context().run(feeds)
 
     # -- plan files -----------------------------------------------------------------------
-    def serialize(self) -> bytes:
+    def serialize(self, plan_name: str = "MODEL.plan", sign_key=None) -> bytes:
+        """The plan file's bytes; `sign_key` (a PEM path or Ed25519 private key) signs it."""
         manifest, tensors = network_to_json(self.network)
-        manifest = {"network": manifest, "config": self.config.to_json(), "build": self.build_info,
+        config = self.config.to_json()
+        manifest = {"network": manifest, "config": config, "build": self.build_info,
                     "memory": self.memory_plan.to_json(),
                     "tactics": {name: c.to_json() for name, c in self.tactics.items()}}
-        header = {"device": self.device.fingerprint(), "source_sha256": self.source_sha256}
-        return plan.encode(header, manifest, tensors)
+        header = {"device": self.tuned_for, "source_sha256": self.source_sha256,
+                  "hardware_compat": self.config.hardware_compat,
+                  "rebuild": compat.rebuild_command(config, str(self.build_info.get("source") or ""), plan_name)}
+        if "retune" in self.build_info:
+            header["retuned_from"] = self.build_info["retune"].get("from")
+        if sign_key is not None and not hasattr(sign_key, "sign"):
+            sign_key = signing.load_private_key(sign_key)
+        return plan.encode(header, manifest, tensors, sign_key)
 
-    def save(self, path: str | os.PathLike) -> Path:
-        return plan.write(path, self.serialize())
+    def save(self, path: str | os.PathLike, sign_key=None) -> Path:
+        """Write the plan atomically; `sign_key` (a PEM path or Ed25519 private key) signs it."""
+        return plan.write(path, self.serialize(Path(path).name, sign_key))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, policy: compat.Policy | str = "strict") -> "Engine":
+    def load(cls, path: str | os.PathLike, policy: compat.Policy | str = "strict", *, verify_key=None,
+             timing_cache: str | os.PathLike | None = None, force_retune: bool = False,
+             progress=None) -> "Engine":
+        """Read a plan; check its signature (when `verify_key` is given) and its device under `policy`, from the
+        header alone; `retune` re-runs the autotuner here when device or software differ (or `force_retune`)."""
         start = time.perf_counter()
-        p = plan.read(path)
-        device = compat.check(p.header, policy, source=str(path))
+        policy = compat.Policy.parse(policy)
+        reports: list[compat.Report] = []
+        p = plan.read(path, verify_key, lambda h: reports.append(compat.check(h, policy, source=str(path))))
+        report = reports[0]
+        device = report.device
         try:
             m = p.manifest
             network = network_from_json(m["network"], p.tensors)
@@ -107,7 +125,14 @@ class Engine:
             raise
         except Exception as e:
             raise PlanError(f"{path}: manifest is malformed ({type(e).__name__}: {e}); rebuild the plan") from None
+        tuned_for = report.built
+        if policy is compat.Policy.RETUNE and (report.differs or force_retune):
+            tactics, info = retune(network, config, device, tactics, str(timing_cache) if timing_cache else None,
+                                   progress)
+            build_info["retune"] = dict(info, **{"from": report.built.get("name"), "differences": report.blocking
+                                                 + report.notes})
+            tuned_for = None  # this device's fingerprint
         engine = cls(network, config, device, source_sha256=str(p.header.get("source_sha256", "")),
-                     build_info=build_info, header=p.header, tactics=tactics)
+                     build_info=build_info, header=p.header, tactics=tactics, tuned_for=tuned_for)
         engine.build_info["load_seconds"] = time.perf_counter() - start
         return engine

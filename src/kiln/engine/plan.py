@@ -16,10 +16,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import safetensors.torch
 import torch
 
+from kiln.engine import signing
+from kiln.engine.safe_json import loads_json
 from kiln.errors import PlanError, SecurityError
 from kiln.version import __version__
 
@@ -29,6 +32,8 @@ PREFIX = struct.Struct("<8sII")
 MAX_HEADER = 1 << 20
 MAX_MANIFEST = 256 << 20
 MAX_PLAN = 64 << 30
+MAX_MANIFEST_DEPTH = 256  # control-flow bodies nest (capped at 16 levels on import), each a few JSON levels
+MAX_TENSORS = 1_000_000
 
 
 @dataclass
@@ -44,12 +49,16 @@ def _json_dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
-def encode(header: dict, manifest: dict, tensors: dict[str, torch.Tensor]) -> bytes:
+def encode(header: dict, manifest: dict, tensors: dict[str, torch.Tensor], sign_key=None) -> bytes:
+    """The plan's bytes; `sign_key` (an Ed25519 private key) adds a signature over the header."""
     m = _json_dumps(manifest)
     weights = safetensors.torch.save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
     payload = struct.pack("<Q", len(m)) + m + weights
+    header = {k: v for k, v in header.items() if k != "signature"}
     header = dict(header, format=FORMAT_VERSION, kiln=__version__, created=header.get("created", time.time()),
                   payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest())
+    if sign_key is not None:
+        header = signing.sign(header, sign_key)
     h = _json_dumps(header)
     return PREFIX.pack(MAGIC, FORMAT_VERSION, len(h)) + h + payload
 
@@ -109,18 +118,18 @@ def _read_header(f, path: Path) -> tuple[dict, int]:
     raw = f.read(hlen)
     if len(raw) != hlen:
         raise PlanError(f"{path} is truncated inside its header")
-    try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError("not an object")
-        int(header["payload_bytes"]), str(header["payload_sha256"])
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
-        raise PlanError(f"{path}: header is corrupted ({e}); rebuild the plan") from None
+    header = loads_json(raw, what=f"{path}: header", max_bytes=MAX_HEADER, max_depth=8, max_values=10_000,
+                        error=PlanError, fix="the plan is corrupted; rebuild it")
+    if not isinstance(header.get("payload_bytes"), int) or header["payload_bytes"] < 0 \
+            or not isinstance(header.get("payload_sha256"), str) or not isinstance(header.get("device", {}), dict):
+        raise PlanError(f"{path}: header is corrupted (payload_bytes, payload_sha256 or device missing or mistyped); "
+                        "rebuild the plan")
     return header, PREFIX.size + hlen
 
 
-def read(path: str | os.PathLike) -> Plan:
-    """Read a whole plan: header, payload checksum, then manifest and tensors."""
+def read(path: str | os.PathLike, verify_key=None, check_header: Callable[[dict], None] | None = None) -> Plan:
+    """Read a whole plan: header, its signature (when `verify_key` is given), `check_header(header)` (e.g. device
+    compatibility, decided from the header alone), payload checksum, then manifest and tensors."""
     path = Path(path)
     if not path.is_file():
         raise PlanError(f"plan file {path} does not exist")
@@ -129,6 +138,10 @@ def read(path: str | os.PathLike) -> Plan:
         raise PlanError(f"{path} is {size} bytes, over kiln's plan size limit")
     with open(path, "rb") as f:
         header, offset = _read_header(f, path)
+        if verify_key is not None:
+            signing.verify(header, signing.load_public_key(verify_key), str(path))
+        if check_header is not None:
+            check_header(header)
         expected = int(header["payload_bytes"])
         if offset + expected != size:
             raise PlanError(f"{path} is truncated or has trailing bytes: header says {offset + expected} "
@@ -141,12 +154,8 @@ def read(path: str | os.PathLike) -> Plan:
     (mlen,) = struct.unpack("<Q", payload[:8])
     if mlen > min(MAX_MANIFEST, len(payload) - 8):
         raise PlanError(f"{path}: manifest length {mlen} is invalid")
-    try:
-        manifest = json.loads(payload[8:8 + mlen])
-        if not isinstance(manifest, dict):
-            raise ValueError("manifest is not an object")
-    except (ValueError, RecursionError) as e:
-        raise PlanError(f"{path}: manifest is not valid JSON ({e})") from None
+    manifest = loads_json(payload[8:8 + mlen], what=f"{path}: manifest", max_bytes=MAX_MANIFEST,
+                          max_depth=MAX_MANIFEST_DEPTH, allow_nan=True, error=PlanError, fix="rebuild the plan")
     blob = payload[8 + mlen:]
     try:
         tensors = safetensors.torch.load(blob)
@@ -154,4 +163,6 @@ def read(path: str | os.PathLike) -> Plan:
         foreign = _explain_foreign(blob[:8])
         detail = foreign if foreign != "bad magic bytes" else str(e)
         raise PlanError(f"{path}: weights section is not valid safetensors ({detail})") from None
+    if len(tensors) > MAX_TENSORS:
+        raise PlanError(f"{path} holds {len(tensors)} tensors, over the {MAX_TENSORS} limit (corrupted plan)")
     return Plan(header, manifest, tensors)

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kiln.tactics.hardware_compat import smem_budget
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton reads it when kernels are decorated, as here
 DEFAULT_SMEM = 48 * 1024  # bytes every CUDA device gives a block without opting in
 
@@ -30,11 +32,12 @@ def capability(device) -> tuple[int, int] | None:
 
 
 def smem_limit(device) -> int:
-    """Shared memory one block may use on `device` (the opt-in maximum where torch reports it)."""
+    """Shared memory one block may use on `device` (the opt-in maximum where torch reports it; 48 KiB for
+    `--hardware-compat portable` builds)."""
     if capability(device) is None:
         return DEFAULT_SMEM
     props = torch.cuda.get_device_properties(device.torch_device)
-    return int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM)
+    return smem_budget(device, int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM))
 
 
 def dtype_reason(dtype: torch.dtype, device) -> str | None:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.errors import InternalError
+from kiln.tactics import hardware_compat
 from kiln.tactics.spec import LayerSpec
 
 Kernel = Callable[[list[Any]], list[Any]]
@@ -21,7 +22,11 @@ Config = dict[str, Any]
 
 @dataclass(frozen=True)
 class Tactic:
-    """One implementation of some layer kinds. Lower `priority` wins when nothing is timed (opt level 0)."""
+    """One implementation of some layer kinds. Lower `priority` wins when nothing is timed (opt level 0).
+
+    `arch_specific`: uses instructions of one GPU architecture (fp8, TMA, wgmma-only); `card_specific`: its
+    configurations are sized by this card (SM count, L2). `--hardware-compat` builds leave such tactics out.
+    """
 
     name: str
     kinds: tuple[str, ...]
@@ -30,6 +35,9 @@ class Tactic:
     configs: Callable[[LayerSpec, Any, int], list[Config]] = lambda spec, device, level: [{}]
     priority: int = 50
     backends: tuple[str, ...] = ("cuda",)
+    untimed: bool = False  # costs no device time (a view): taken without timing when it supports the layer
+    arch_specific: bool = False
+    card_specific: bool = False
 
 
 TACTICS: dict[str, Tactic] = {}
@@ -60,7 +68,7 @@ def candidates(spec: LayerSpec, device) -> tuple[list[Tactic], list[tuple[str, s
     for t in BY_KIND.get(spec.kind, []) + BY_KIND.get("*", []):
         if device.backend not in t.backends:
             continue
-        reason = t.supports(spec, device)
+        reason = hardware_compat.tactic_reason(t, device) or t.supports(spec, device)
         (refused.append((t.name, reason)) if reason else ok.append(t))
     return sorted(ok, key=lambda t: t.priority), refused
 
