@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kiln.cli import bench, build, compare, conformance, debug, demo, inspect, profile, run
+from kiln.cli import bench, build, compare, conformance, debug, demo, inspect, keygen, profile, retune, run
 from kiln.version import __version__
 
 app = typer.Typer(name="kiln", help="kiln: ONNX models in, fast device-tuned engines out.", no_args_is_help=True,
@@ -20,6 +20,8 @@ app.command("conformance")(conformance.conformance)
 app.command("compare")(compare.compare)
 app.add_typer(debug.app, name="debug")
 app.command("profile")(profile.profile)
+app.command("retune")(retune.retune)
+app.command("keygen")(keygen.keygen)
 
 
 def _print_version(value: bool) -> None:

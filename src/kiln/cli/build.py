@@ -12,6 +12,7 @@ from kiln.cli.errors import command
 from kiln.cli.options import Device, Json, Shapes, Verbose, parse_memory_pools, parse_shapes
 from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
+from kiln.engine.signing import load_private_key
 from kiln.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -99,6 +100,11 @@ def build(
                               "tactics that need more are skipped.")] = None,
     cuda_graph: Annotated[bool, typer.Option(
         "--cuda-graph/--no-cuda-graph", help="Capture the whole engine in a CUDA graph per input shape.")] = True,
+    hardware_compat: Annotated[str, typer.Option(
+        "--hardware-compat", help="Devices the plan must run on: none (this GPU model, fastest), same-cc (any GPU "
+                                  "of this compute capability) or portable (any GPU from sm80 on).")] = "none",
+    sign_key: Annotated[Optional[Path], typer.Option(
+        "--sign-key", help="Sign the plan with this Ed25519 private key (from `kiln keygen`).")] = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
@@ -114,10 +120,12 @@ def build(
                               timing_cache=str(timing_cache) if timing_cache else None, opt_level=opt_level,
                               device=device, layer_precisions=parse_layer_precisions(layer_precision),
                               keep_io_precision=keep_io_precision, cuda_graph=cuda_graph,
-                              workspace_bytes=parse_memory_pools(memory_pool).get("workspace"))
+                              workspace_bytes=parse_memory_pools(memory_pool).get("workspace"),
+                              hardware_compat=hardware_compat)
+    key = load_private_key(sign_key) if sign_key else None  # a bad key fails before the build, not after
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)
-    engine.save(plan)
+    engine.save(plan, sign_key=key)
     s = summary(engine, plan)
     if as_json:
         print_json(s)

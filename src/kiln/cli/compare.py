@@ -16,8 +16,8 @@ from kiln.accuracy.compare import Comparison, compare_engine
 from kiln.accuracy.metrics import DEFAULT_TOLERANCES, Tolerance, parse_tolerance
 from kiln.cli.build import parse_layer_precisions
 from kiln.cli.errors import command
-from kiln.cli.inputs import load_inputs, random_feeds, safe_stem
-from kiln.cli.options import Device, Json, Seed, Shapes, Verbose, parse_shapes
+from kiln.cli.inputs import load_inputs, load_plan, random_feeds, safe_stem
+from kiln.cli.options import Device, Json, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
 from kiln.cli.output import add_row, build_progress, print_json, status, stdout
 from kiln.errors import ConfigError, InputError, ModelError
 
@@ -63,13 +63,14 @@ def default_tolerance(config: kiln.BuildConfig, rtol: float | None, atol: float 
     return tol
 
 
-def open_for_compare(model: Path, plan: Path | None, config: kiln.BuildConfig) -> kiln.Engine:
+def open_for_compare(model: Path, plan: Path | None, config: kiln.BuildConfig, policy: str = "strict",
+                     verify_key: Path | None = None) -> kiln.Engine:
     """The engine under test: the --plan (which must come from `model`), else `model` built with `config`."""
     if plan is not None:
         if config.fp16 or config.bf16 or config.tf32 or config.layer_precisions:
             raise ConfigError("build options (--fp16, --bf16, --tf32, --layer-precision) do not apply to a --plan; "
                               "drop them, or drop --plan to build the model with them")
-        engine = kiln.load(plan)
+        engine = load_plan(plan, policy, verify_key)
         if engine.source_sha256 and engine.source_sha256 != hashlib.sha256(model.read_bytes()).hexdigest():
             raise ConfigError(f"{plan} was built from another model than {model}; compare it with its own model")
         return engine
@@ -146,6 +147,8 @@ def compare(
         "--mark-all", help="Compare every intermediate tensor too and name the first layer beyond tolerance.")
                         ] = False,
     device: Device = "auto",
+    policy: Policy = "strict",
+    verify_key: VerifyKey = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> bool:
@@ -155,7 +158,7 @@ def compare(
     shape_map = parse_shapes(shapes)
     config = kiln.BuildConfig.with_shapes(shape_map, fp16=fp16, bf16=bf16, tf32=tf32, opt_level=opt_level,
                                           device=device, layer_precisions=parse_layer_precisions(layer_precision))
-    engine = open_for_compare(model, plan, config)
+    engine = open_for_compare(model, plan, config, policy, verify_key)
     default = default_tolerance(engine.config, rtol, atol)
     feeds = feeds_for(engine, inputs, inputs_dir, shape_map, seed)
     status("running kiln and ONNX Runtime ...")

@@ -3,25 +3,42 @@
 from __future__ import annotations
 
 import re
+import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
+import typer
 
 import kiln
 from kiln.cli.errors import one_line
 from kiln.cli.options import is_onnx
 from kiln.cli.output import build_progress
+from kiln.engine.compat import CompatibilityWarning
 from kiln.errors import ConfigError, InputError, SecurityError
 from kiln.ir import DType
 from kiln.ir.dtype import to_torch
 
 
-def open_engine(path: Path, shapes: dict[str, tuple[int, ...]], device: str) -> kiln.Engine:
+def load_plan(path: Path, policy: str = "strict", verify_key: Path | None = None, **kw) -> kiln.Engine:
+    """`kiln.load` with each compatibility warning printed as one `warning: ...` line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CompatibilityWarning)
+        engine = kiln.Engine.load(path, policy, verify_key=verify_key, **kw)
+    for w in caught:
+        if issubclass(w.category, CompatibilityWarning):
+            typer.echo(f"warning: {one_line(w.message)}", err=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return engine
+
+
+def open_engine(path: Path, shapes: dict[str, tuple[int, ...]], device: str, policy: str = "strict",
+                verify_key: Path | None = None) -> kiln.Engine:
     """Load a plan, or build an .onnx model with `shapes` fixed, showing build progress (the plan is not saved)."""
     if not is_onnx(path):
-        return kiln.load(path)
+        return load_plan(path, policy, verify_key)
     with build_progress(f"building {path.name}") as progress:
         return kiln.build(path, kiln.BuildConfig.with_shapes(shapes, device=device), progress)
 

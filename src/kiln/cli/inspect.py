@@ -118,6 +118,9 @@ def _shapes(tensors: list[dict]) -> str:
 def print_plan(d: dict) -> None:
     h = dict(d["header"])
     device = h.pop("device", None)
+    sig = h.get("signature")
+    if isinstance(sig, dict):  # the value is for machines; people need the algorithm and the key
+        h["signature"] = f"{sig.get('alg')}, key {sig.get('key_id')} (check it with --verify-key on load)"
     if isinstance(h.get("created"), (int, float)):
         h["created"] = datetime.datetime.fromtimestamp(h["created"]).isoformat(timespec="seconds")
     rows = list(h.items())

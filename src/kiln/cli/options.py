@@ -16,6 +16,11 @@ Shapes = Annotated[Optional[list[str]], typer.Option(
     "--shapes", help="Input shapes, name:1x3x224x224[,name2:...]; repeatable.")]
 Device = Annotated[str, typer.Option("--device", help="auto (the best device present), cpu or cuda.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs made when none are given.")]
+Policy = Annotated[str, typer.Option(
+    "--policy", help="For a plan built on another GPU model or software versions: strict (refuse, naming each "
+                     "difference), warn (run it, saying what differs) or retune (re-tune it for this device).")]
+VerifyKey = Annotated[Optional[Path], typer.Option(
+    "--verify-key", help="Public key file (KEY.pub from `kiln keygen`): refuse plans not signed by its key.")]
 ModelPath = Annotated[Path, typer.Argument(help="A plan file, or an .onnx model to build on the fly.",
                                            show_default=False)]
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from kiln.cli.errors import command
 from kiln.cli.inputs import load_inputs, open_engine, random_feeds, save_outputs
-from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, parse_shapes
+from kiln.cli.options import Device, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
 from kiln.cli.output import add_row, print_json, stdout
 
 
@@ -35,12 +35,14 @@ def run(
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
+    policy: Policy = "strict",
+    verify_key: VerifyKey = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Run an engine once on the given (or random) inputs and summarize its outputs."""
     shape_map = parse_shapes(shapes)
-    engine = open_engine(model, shape_map, device)
+    engine = open_engine(model, shape_map, device, policy, verify_key)
     feeds = load_inputs(inputs) if inputs else random_feeds(engine, shape_map, seed)
     outputs = engine.create_context().run(feeds)
     files = save_outputs(outputs, output_dir) if output_dir else {}
