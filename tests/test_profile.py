@@ -39,6 +39,9 @@ def test_bench_dumps_and_exports_the_profile(model, tmp_path):
     exported = json.loads(out.read_text())
     assert {r["layer"] for r in exported["layers"]} == {"mm1", "scale_up", "mm2"}
     assert sum(r["percent"] for r in exported["layers"]) == pytest.approx(100.0)
+    assert exported["iterations"] == 3 and exported["separate_run"]
+    assert all(r["time_ms"] == pytest.approx(3 * r["mean_ms"]) for r in exported["layers"])
+    assert "time ms" in result.stdout and "a separate run" in result.stdout
     as_json = json.loads(invoke("bench", model, "--device", "cpu", "--iterations", "2", "--dump-profile",
                                 "--json").stdout)
     assert len(as_json["profile"]["layers"]) == 3 and "latency_ms" in as_json

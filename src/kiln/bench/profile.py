@@ -36,6 +36,11 @@ class LayerTime:
     def median(self) -> float:
         return float(np.median(self.times_ms))
 
+    @property
+    def total(self) -> float:
+        """Summed over every profiled pass."""
+        return float(np.sum(self.times_ms))
+
 
 @dataclass(frozen=True)
 class LayerProfile:
@@ -56,9 +61,10 @@ class LayerProfile:
         return sorted(self.layers, key=lambda layer: layer.mean, reverse=True)
 
     def to_json(self) -> dict:
-        rows = [{"layer": t.name, "kind": t.kind, "precision": t.precision, "tactic": t.tactic, "mean_ms": t.mean,
+        rows = [{"layer": t.name, "kind": t.kind, "precision": t.precision, "tactic": t.tactic, "time_ms": t.total, "mean_ms": t.mean,
                  "median_ms": t.median, "percent": self.percent(t.mean)} for t in self.ranked()]
-        return {"device": self.device, "iterations": self.iterations, "total_ms": self.total_ms, "layers": rows}
+        return {"device": self.device, "iterations": self.iterations, "total_ms": self.total_ms,
+                "separate_run": True, "layers": rows}
 
 
 def profile_layers(engine, feeds: Mapping[str, Any], iterations: int = 20, warmup: int = 2) -> LayerProfile:

@@ -1,69 +1,180 @@
-"""`kiln bench PLAN`: latency percentiles and throughput of an engine (a plan, or an .onnx built on the fly)."""
+"""`kiln bench PLAN`: latency, its phases (enqueue, H2D, compute, D2H) and throughput of an engine (a plan, or an
+.onnx built on the fly), with an optional per-layer profile measured in a separate run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
-from kiln.bench import LatencyStats, measure
+import kiln
+from kiln.bench.plot import plot_bench
 from kiln.bench.profile import profile_layers
+from kiln.bench.result import BenchResult
+from kiln.bench.session import BenchOptions, run_bench
+from kiln.bench.stats import parse_percentiles
 from kiln.cli.errors import command
-from kiln.cli.inputs import batch_size, on_device, open_engine, random_feeds
-from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, parse_shapes
-from kiln.cli.output import key_values, print_json, status, stdout
+from kiln.cli.inputs import input_shapes, on_device, open_engine, random_feeds
+from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, is_onnx, parse_shapes
+from kiln.cli.output import add_row, key_values, print_json, status, stdout
 from kiln.cli.profile import ExportProfile, export_profile, print_profile
+from kiln.errors import ConfigError, ModelError
+from kiln.frontend.onnx.loader import parse
+
+PHASE_LABELS = {"host": "host wall (per query)", "enqueue": "enqueue (host)", "h2d": "H2D", "compute": "compute",
+                "d2h": "D2H", "gpu": "GPU total (H2D+compute+D2H)"}
 
 
-def stats_rows(stats: LatencyStats) -> list[tuple[str, str]]:
-    """Latency percentiles and throughput as table rows."""
-    rows = [(f"latency {k}", f"{getattr(stats, k):.3f} ms") for k in ("min", "mean", "median", "p90", "p99", "max")]
-    return rows + [("throughput", f"{stats.queries_per_s:,.1f} queries/s, {stats.items_per_s:,.1f} items/s "
-                                  f"(batch {stats.batch})")]
+def onnx_batch_shapes(model: Path, shapes: dict[str, tuple[int, ...]], batch: int) -> dict[str, tuple[int, ...]]:
+    """--shapes plus, for each other input of an .onnx whose dimensions after the first are fixed,
+    (batch, *those dimensions): what to build the model with for --batch."""
+    if not model.is_file():
+        raise ModelError(f"model file {model} does not exist; give the path of an .onnx file or a plan")
+    graph = parse(model.read_bytes(), str(model)).graph
+    initializers = {t.name for t in graph.initializer}
+    out = dict(shapes)
+    for vi in graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in initializers or vi.name in out or not dims:
+            continue
+        first, *rest = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        if first is not None and first != batch:
+            raise ConfigError(f"--batch {batch}: input {vi.name!r} of {model.name} has a fixed leading dimension "
+                              f"{first}; export the model with a dynamic batch dimension, or drop --batch")
+        if all(d is not None for d in rest):
+            out[vi.name] = (batch, *rest)
+    return out
+
+
+def batch_shapes(engine: kiln.Engine, shapes: dict[str, tuple[int, ...]], batch: int | None
+                 ) -> dict[str, tuple[int, ...]]:
+    """Each input's shape, with the leading dimension of those --shapes does not give set to --batch."""
+    resolved = input_shapes(engine, shapes)
+    if batch is None:
+        return resolved
+    for t in engine.inputs:
+        shape = resolved[t.name]
+        if t.name in shapes or not shape:
+            continue
+        fixed = t.shape[0] if t.shape else None
+        if isinstance(fixed, int) and fixed != batch:
+            raise ConfigError(f"--batch {batch}: input {t.name!r} has fixed shape {t.shape_str()}; rebuild the "
+                              f"model with a dynamic batch dimension (--min-shapes/--max-shapes), or drop --batch")
+        resolved[t.name] = (batch, *shape[1:])
+    return resolved
+
+
+def phase_table(result: BenchResult) -> Table:
+    """One row per measured phase: min, mean, median, the chosen percentiles, max (ms)."""
+    phases = {k: v for k, v in result.phases().items() if v}
+    keys = list(next(iter(phases.values())))
+    table = Table(title="Per-query phases (ms)", title_justify="left")
+    table.add_column("phase")
+    for k in keys:
+        table.add_column(k, justify="right")
+    for name, summary in phases.items():
+        add_row(table, PHASE_LABELS[name], *(f"{summary[k]:.4f}" for k in keys))
+    return table
+
+
+def print_result(model: Path, engine: kiln.Engine, shapes: dict, result: BenchResult) -> None:
+    latency = result.phases()["host"]
+    rows = [("model", str(model)), ("device", f"{engine.device.backend}: {engine.device.name}"),
+            ("inputs", ", ".join(f"{k} {'x'.join(map(str, v)) or 'scalar'}" for k, v in shapes.items())),
+            ("iterations", f"{result.count} timed after {result.warmup} warm-up"
+                           + (f", over {result.streams} streams" if result.streams > 1 else "")),
+            ("settings", f"CUDA graph {'on' if result.cuda_graph else 'off'}, data transfers "
+                         f"{'on' if result.data_transfers else 'off'}, {'spin' if result.spin_wait else 'blocking'} "
+                         "wait")]
+    rows += [(f"latency {k}", f"{v:.3f} ms") for k, v in latency.items()]
+    rows += [("throughput", f"{result.queries_per_s:,.1f} queries/s, {result.items_per_s:,.1f} items/s "
+                            f"(batch {result.batch})"),
+             ("total host wall time", f"{result.wall_s:.3f} s")]
+    gpu = result.total_gpu_s()
+    if gpu is not None:
+        rows.append(("total GPU time", f"{gpu:.3f} s"))
+    stdout().print(key_values("Benchmark", rows))
+    stdout().print(phase_table(result))
+    for note in result.notes():
+        typer.echo(f"note: {note}")
+    for warning in result.warnings():
+        typer.echo(f"warning: {warning}")
 
 
 @command
 def bench(
     model: ModelPath,
     iterations: Annotated[Optional[int], typer.Option(
-        "--iterations", help="Timed calls to make [default: 100, or as many as --duration allows].")] = None,
+        "--iterations", help="Timed queries per stream [default: 100, or as many as --duration allows].")] = None,
     duration: Annotated[Optional[float], typer.Option(
         "--duration", help="Seconds to time for [default: up to 10]; with --iterations, the first limit reached "
                            "ends the run.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls first.")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed queries first, per stream.")] = 10,
+    batch: Annotated[Optional[int], typer.Option(
+        "--batch", help="Batch size: the leading dimension of every input --shapes does not give.")] = None,
+    streams: Annotated[int, typer.Option(
+        "--streams", help="Execution contexts, one per CUDA stream, each queried from its own thread at once; "
+                          "throughput is their aggregate.")] = 1,
+    cuda_graph: Annotated[Optional[bool], typer.Option(
+        "--cuda-graph/--no-cuda-graph", help="Replay a captured CUDA graph per query [default: as built].")] = None,
+    no_data_transfers: Annotated[bool, typer.Option(
+        "--no-data-transfers", help="Inputs already on the device, outputs left there: time the engine alone.")
+                                 ] = False,
+    spin_wait: Annotated[bool, typer.Option(
+        "--spin-wait", help="Poll for each query's end instead of a blocking wait (lower, steadier latency; "
+                            "busy CPU).")] = False,
+    percentiles: Annotated[Optional[str], typer.Option(
+        "--percentiles", help="Latency percentiles to report, e.g. 90,95,99 [default: 90,99].")] = None,
     dump_profile: Annotated[bool, typer.Option(
         "--dump-profile", help="Also time each layer, in a separate run, and print the slowest.")] = False,
+    separate_profile_run: Annotated[bool, typer.Option(
+        "--separate-profile-run", help="Time each layer in a run of its own after the timed run, as "
+                                       "--dump-profile does (kiln never profiles inside the headline run).")] = False,
+    export_times: Annotated[Optional[Path], typer.Option(
+        "--export-times", help="Write every timed query's phase times to this JSON file.")] = None,
     export: ExportProfile = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Draw a latency histogram (and per-layer bars with --dump-profile) into this image "
+                       "(needs matplotlib: pip install 'kiln[plot]').")] = None,
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
-    """Time an engine on random inputs: latency min/mean/median/p90/p99/max and throughput."""
+    """Time an engine on random inputs: latency, its phases, throughput; warnings when the numbers mislead."""
     shape_map = parse_shapes(shapes)
-    engine = open_engine(model, shape_map, device)
-    dev = engine.device.torch_device
-    feeds = on_device(random_feeds(engine, shape_map, seed), dev)
-    ctx = engine.create_context()
+    if batch is not None and batch < 1:
+        raise ConfigError(f"--batch must be at least 1, got {batch}")
+    options = BenchOptions(iterations, duration, warmup, streams, cuda_graph, not no_data_transfers, spin_wait,
+                           parse_percentiles(percentiles)).checked()
+    build_shapes = onnx_batch_shapes(model, shape_map, batch) if is_onnx(model) and batch else shape_map
+    engine = open_engine(model, build_shapes, device)
+    resolved = batch_shapes(engine, shape_map, batch)
+    feeds = random_feeds(engine, resolved, seed)
+    first = next(iter(resolved.values()), ())
     status(f"timing {model.name} on {engine.device.name} ...")
-    stats = measure(lambda: ctx.run(feeds), device=dev, warmup=warmup, iterations=iterations,
-                    duration=duration, batch=batch_size(feeds))
-    shown = {name: tuple(value.shape) for name, value in feeds.items()}
+    result = run_bench(engine, feeds, options, batch=batch or (first[0] if first else 1))
     layers = None
-    if dump_profile or export:
+    if dump_profile or export or separate_profile_run:
         status("profiling each layer (a separate run) ...")
-        layers = profile_layers(engine, feeds, iterations=min(stats.count, 100))
+        layers = profile_layers(engine, on_device(feeds, engine.device.torch_device),
+                                iterations=min(result.count, 100))
         if export:
             export_profile(layers, export)
+    if export_times:
+        export_times.write_text(json.dumps({"unit": "ms", "device": result.device, "batch": result.batch,
+                                            "iterations": [t.to_json() for t in result.iterations]}, indent=1) + "\n")
+    if plot:
+        plot_bench(result, layers, plot)
     if as_json:
-        print_json(dict(stats.to_json(), model=str(model), device_name=engine.device.name,
-                        shapes={k: list(v) for k, v in shown.items()},
-                        **({"profile": layers.to_json()} if dump_profile else {})))
+        print_json(dict(result.to_json(), model=str(model), device_name=engine.device.name,
+                        shapes={k: list(v) for k, v in resolved.items()},
+                        **({"profile": layers.to_json()} if layers is not None else {})))
         return
-    rows = [("model", str(model)), ("device", f"{engine.device.backend}: {engine.device.name}"),
-            ("inputs", ", ".join(f"{k} {'x'.join(map(str, v)) or 'scalar'}" for k, v in shown.items())),
-            ("iterations", f"{stats.count} timed after {stats.warmup} warm-up")]
-    stdout().print(key_values("Benchmark", rows + stats_rows(stats)))
-    if dump_profile:
+    print_result(model, engine, resolved, result)
+    if layers is not None and (dump_profile or separate_profile_run):
         print_profile(layers)

@@ -23,20 +23,21 @@ ExportProfile = Annotated[Optional[Path], typer.Option(
 
 def print_profile(profile: LayerProfile, top: int = TOP) -> None:
     """The slowest `top` layers by mean time, then one row for all the others."""
-    table = Table(title=f"Per-layer profile ({profile.iterations} iterations, {profile.device}; each layer timed "
-                        "alone, eagerly)", title_justify="left")
-    for col in ("layer", "kind", "precision", "tactic", "mean ms", "median ms", "%"):
+    table = Table(title=f"Per-layer profile ({profile.iterations} iterations, {profile.device}; a separate run, "
+                        "each layer timed alone, eagerly)", title_justify="left")
+    for col in ("layer", "kind", "precision", "tactic", "time ms", "mean ms", "median ms", "%"):
         table.add_column(col, overflow="fold", justify="right" if col.endswith(("ms", "%")) else "left")
     ranked = profile.ranked()
     for t in ranked[:top]:
-        add_row(table, t.name, t.kind, t.precision, t.tactic, f"{t.mean:.4f}", f"{t.median:.4f}",
-                f"{profile.percent(t.mean):.1f}")
+        add_row(table, t.name, t.kind, t.precision, t.tactic, f"{t.total:.4f}", f"{t.mean:.4f}",
+                f"{t.median:.4f}", f"{profile.percent(t.mean):.1f}")
     rest = ranked[top:]
     if rest:
         mean = sum(t.mean for t in rest)
-        add_row(table, f"other ({len(rest)} layers)", "", "", "", f"{mean:.4f}", f"{sum(t.median for t in rest):.4f}",
-                f"{profile.percent(mean):.1f}")
-    add_row(table, "total", "", "", "", f"{profile.total_ms:.4f}", "", "100.0")
+        add_row(table, f"other ({len(rest)} layers)", "", "", "", f"{sum(t.total for t in rest):.4f}",
+                f"{mean:.4f}", f"{sum(t.median for t in rest):.4f}", f"{profile.percent(mean):.1f}")
+    add_row(table, "total", "", "", "", f"{sum(t.total for t in ranked):.4f}", f"{profile.total_ms:.4f}", "",
+            "100.0")
     stdout().print(table)
 
 

@@ -1,0 +1,109 @@
+"""What one `kiln bench` run measured: per-query phase times, throughput, warnings, JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.bench.clocks import throttle_warning
+from kiln.bench.phases import IterationTimes
+from kiln.bench.stats import DEFAULT_PERCENTILES, spread, summarize
+
+PHASES = ("host", "enqueue", "h2d", "compute", "d2h", "gpu")
+VARIANCE_LIMIT = 0.025  # GPU time moving more than 2.5 % over the run makes a comparison unreliable
+
+
+@dataclass
+class BenchResult:
+    """Every timed query (all streams, in start order) and the settings it ran under."""
+
+    iterations: list[IterationTimes]
+    wall_s: float
+    batch: int
+    device: str
+    warmup: int
+    streams: int = 1
+    cuda_graph: bool = False
+    data_transfers: bool = True
+    spin_wait: bool = False
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    eager_reasons: dict[str, str] = field(default_factory=dict)
+    clocks: dict | None = None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def count(self) -> int:
+        return len(self.iterations)
+
+    def series(self, phase: str, stream: int | None = None) -> list[float] | None:
+        """One phase's times (ms) in start order, or None when the phase was not measured."""
+        values = [getattr(t, f"{phase}_ms") for t in self.iterations if stream is None or t.stream == stream]
+        return None if not values or any(v is None for v in values) else values
+
+    def phases(self) -> dict[str, dict[str, float] | None]:
+        return {p: (summarize(s, self.percentiles) if (s := self.series(p)) else None) for p in PHASES}
+
+    @property
+    def queries_per_s(self) -> float:
+        """Queries finished per second of host wall time, all streams together."""
+        return self.count / self.wall_s if self.wall_s > 0 else float("inf")
+
+    @property
+    def items_per_s(self) -> float:
+        return self.queries_per_s * self.batch
+
+    def total_gpu_s(self) -> float | None:
+        gpu = self.series("gpu")
+        return sum(gpu) / 1e3 if gpu else None
+
+    def warnings(self) -> list[str]:
+        """What makes the numbers less than they seem: host- or transfer-bound throughput, unstable GPU time,
+        throttled clocks."""
+        out = []
+        med = {p: float(np.median(s)) for p in PHASES if (s := self.series(p))}
+        if "enqueue" in med and med["enqueue"] >= med["compute"]:
+            out.append(f"throughput is bound by enqueue (host) time: {med['enqueue']:.3f} ms to enqueue vs "
+                       f"{med['compute']:.3f} ms of GPU compute per query; "
+                       + ("more --streams can hide it" if self.cuda_graph else
+                          "--cuda-graph (or more --streams) can hide it"))
+        transfers = med.get("h2d", 0.0) + med.get("d2h", 0.0)
+        if transfers and transfers >= med["compute"]:
+            out.append(f"throughput is bound by data transfers: H2D {med.get('h2d', 0):.3f} ms + D2H "
+                       f"{med.get('d2h', 0):.3f} ms vs {med['compute']:.3f} ms of compute per query; "
+                       "--no-data-transfers measures the engine alone")
+        # on the CPU backend, time at this scale always jitters by more than the limit: GPU runs only
+        moved = spread(self.series("compute", stream=0) or []) if self.is_cuda else None
+        if moved is not None and moved > VARIANCE_LIMIT:
+            out.append(f"GPU compute time varies by {100 * moved:.1f} % over the run (medians of its quarters), over "
+                       f"{100 * VARIANCE_LIMIT:.1f} %: something else may be using the device; run longer "
+                       "(--duration) or on an idle machine")
+        if (w := throttle_warning(self.clocks)) is not None:
+            out.append(w)
+        return out
+
+    def notes(self) -> list[str]:
+        out = []
+        if not self.is_cuda:
+            out.append("CPU backend: queries run synchronously, so only compute (and host wall time) is measured; "
+                       "there is no enqueue, H2D or D2H phase")
+        elif not self.data_transfers:
+            out.append("--no-data-transfers: inputs are already on the device and outputs stay there")
+        out += [f"CUDA graph not used for inputs {sig}: {why}" for sig, why in self.eager_reasons.items()]
+        return out
+
+    def to_json(self) -> dict:
+        phases = self.phases()
+        return {"device": self.device, "warmup": self.warmup, "iterations": self.count, "batch": self.batch,
+                "streams": self.streams, "cuda_graph": self.cuda_graph, "data_transfers": self.data_transfers,
+                "spin_wait": self.spin_wait, "percentiles": list(self.percentiles),
+                "latency_ms": phases["host"], "phases_ms": phases,
+                "total_host_wall_s": self.wall_s, "total_gpu_s": self.total_gpu_s(),
+                "throughput": {"queries_per_s": self.queries_per_s, "items_per_s": self.items_per_s},
+                "per_stream": [{"stream": s, "iterations": len(self.series("host", s) or []),
+                                "latency_ms": summarize(self.series("host", s), self.percentiles)}
+                               for s in range(self.streams) if self.series("host", s)] if self.streams > 1 else [],
+                "clocks": self.clocks, "warnings": self.warnings(), "notes": self.notes()}

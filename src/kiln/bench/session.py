@@ -1,0 +1,117 @@
+"""A `kiln bench` run: warm-up, then timed queries on one or more execution contexts (one per stream,
+each driven by its own thread so that their queries overlap on the device) until a count or a duration."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+import torch
+
+from kiln.bench.clocks import read_clocks
+from kiln.bench.phases import IterationTimes, make_query
+from kiln.bench.result import BenchResult
+from kiln.bench.stats import DEFAULT_PERCENTILES
+from kiln.bench.timer import DEFAULT_DURATION_S, DEFAULT_ITERATIONS
+from kiln.errors import ConfigError
+from kiln.runtime.context import ExecutionContext, to_device
+from kiln.runtime.io import as_torch
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """How to run: stopping rule (per stream), warm-up, streams, CUDA graphs, transfers, how the host waits."""
+
+    iterations: int | None = None
+    duration: float | None = None
+    warmup: int = 10
+    streams: int = 1
+    cuda_graph: bool | None = None       # None: as the engine was built
+    data_transfers: bool = True          # False: inputs already on the device, outputs left there
+    spin_wait: bool = False
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+
+    def checked(self) -> "BenchOptions":
+        """The options with the default stopping rule filled in; a bad value is a ConfigError."""
+        if self.iterations is not None and self.iterations < 1:
+            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        if self.duration is not None and not self.duration > 0:
+            raise ConfigError(f"--duration must be a positive number of seconds, got {self.duration}")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be 0 or more, got {self.warmup}")
+        if not 1 <= self.streams <= 64:
+            raise ConfigError(f"--streams must be between 1 and 64, got {self.streams}")
+        if self.iterations is None and self.duration is None:
+            return replace(self, iterations=DEFAULT_ITERATIONS, duration=DEFAULT_DURATION_S)
+        return self
+
+
+class _Clock:
+    """The shared start of the timed run and its deadline, set once every stream has warmed up."""
+
+    def __init__(self, duration: float | None):
+        self.duration, self.origin, self.deadline = duration, 0.0, math.inf
+
+    def start(self) -> None:
+        self.origin = time.perf_counter()
+        self.deadline = self.origin + self.duration if self.duration is not None else math.inf
+
+
+def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: int = 1) -> BenchResult:
+    """Time `engine` on host `feeds` (numpy) as `options` say; without data transfers they are moved to the
+    device once, first, and the outputs stay there."""
+    opts = options.checked()
+    if not opts.data_transfers:
+        dev = engine.device.torch_device
+        feeds = {k: to_device(as_torch(k, v)[0], dev) for k, v in feeds.items()}
+    contexts = [ExecutionContext(engine, cuda_graph=opts.cuda_graph) for _ in range(opts.streams)]
+    clock = _Clock(opts.duration)
+    barrier = threading.Barrier(opts.streams, action=clock.start)
+    results: list[list[IterationTimes]] = [[] for _ in contexts]
+    ends = [0.0] * len(contexts)
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        ctx = contexts[k]
+        try:
+            with torch.cuda.stream(ctx.stream) if ctx.stream is not None else contextlib.nullcontext():
+                query = make_query(ctx, feeds, k, opts.spin_wait)
+                for _ in range(opts.warmup):
+                    query(0.0)
+                barrier.wait()
+                pending, done = [], 0
+                while True:
+                    pending.append(query(clock.origin))
+                    done += 1
+                    if (opts.iterations is not None and done >= opts.iterations) or time.perf_counter() >= clock.deadline:
+                        break
+                ends[k] = time.perf_counter()
+                results[k] = [p() for p in pending]
+        except threading.BrokenBarrierError:
+            pass  # another stream failed; its error is the one reported
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, re-raised there
+            errors.append(e)
+            barrier.abort()
+
+    if opts.streams == 1:
+        worker(0)
+    else:
+        threads = [threading.Thread(target=worker, args=(k,), name=f"kiln-bench-{k}") for k in range(opts.streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    cuda = engine.device.backend == "cuda"
+    clocks = read_clocks(engine.device.torch_device) if cuda else None
+    eager = {str(sig): why for ctx in contexts for sig, why in ctx.eager_reasons.items()}
+    every = sorted((t for r in results for t in r), key=lambda t: t.start_ms)
+    return BenchResult(every, max(ends) - clock.origin, batch, engine.device.torch_device, opts.warmup,
+                       opts.streams, cuda_graph=any(c.graphs is not None and c.graphs.runs for c in contexts),
+                       data_transfers=opts.data_transfers, spin_wait=opts.spin_wait, percentiles=opts.percentiles,
+                       eager_reasons=eager, clocks=clocks)
