@@ -7,6 +7,7 @@ concurrent builds never corrupt it; a damaged file is reported, never trusted.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS timings (
     env TEXT NOT NULL, signature TEXT NOT NULL, tactic TEXT NOT NULL, config TEXT NOT NULL,
     microseconds REAL, PRIMARY KEY (env, signature))"""
 MAX_ROWS_READ = 1_000_000
+MAX_FILE_BYTES = 1 << 30
+MAX_TACTIC_CHARS = 128
+MAX_CONFIG_BYTES = 64 << 10
+COLUMNS = ["env", "signature", "tactic", "config", "microseconds"]
 
 
 @dataclass(frozen=True)
@@ -47,44 +52,82 @@ class TimingCache:
             raise ConfigError(f"timing cache {self.path} is not a regular file; give a file path")
         if not self.path.parent.is_dir():
             raise ConfigError(f"folder of timing cache {self.path} does not exist; create it first")
+        if self.path.exists() and self.path.stat().st_size > MAX_FILE_BYTES:
+            raise ConfigError(f"timing cache {self.path} is over {MAX_FILE_BYTES >> 20} MiB; delete it and rebuild")
         self.lock = FileLock(str(self.path) + ".lock", timeout=60)
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.invalid = 0
         with self.lock, self._connect() as db:
-            db.execute(SCHEMA)
+            self._query(db, SCHEMA)
+            self._check_schema(db)
+
+    def _damaged(self, e) -> ConfigError:
+        return ConfigError(f"timing cache {self.path} is not a kiln timing cache ({e}); "
+                           "delete it or give another path")
 
     def _connect(self) -> sqlite3.Connection:
+        """A connection that never runs SQL stored in the file (triggers, views: trusted_schema off)."""
         try:
             db = sqlite3.connect(self.path, timeout=30)
+            db.execute("PRAGMA trusted_schema = OFF")
             db.execute("SELECT name FROM sqlite_master LIMIT 1")
             return db
         except sqlite3.DatabaseError as e:
-            raise ConfigError(f"timing cache {self.path} is not a kiln timing cache ({e}); "
-                              "delete it or give another path") from None
+            raise self._damaged(e) from None
+
+    def _query(self, db: sqlite3.Connection, sql: str, args=()) -> sqlite3.Cursor:
+        try:
+            return db.execute(sql, args)
+        except sqlite3.Error as e:  # a damaged or foreign file found mid-use
+            raise self._damaged(e) from None
+
+    def _check_schema(self, db: sqlite3.Connection) -> None:
+        """Only kiln's table, with kiln's columns: a file holding triggers or views is refused."""
+        kinds = self._query(db, "SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
+        if kinds:
+            raise self._damaged(f"it holds {kinds[0][0]} {kinds[0][1]!r}")
+        cols = [r[1] for r in self._query(db, "PRAGMA table_info(timings)").fetchall()]
+        if cols != COLUMNS:
+            raise self._damaged(f"table timings has columns {cols}")
+
+    def _valid(self, row) -> CachedChoice | None:
+        """The row as a CachedChoice if every value has the type and size kiln writes, else None."""
+        tactic, config, us = row
+        if not isinstance(tactic, str) or not 0 < len(tactic) <= MAX_TACTIC_CHARS:
+            return None
+        if not isinstance(config, str) or len(config) > MAX_CONFIG_BYTES:
+            return None
+        if us is not None and (not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0):
+            return None
+        from kiln.engine.safe_json import loads_json  # kiln.engine imports the builder: import on use
+
+        try:
+            value = loads_json(config, max_bytes=MAX_CONFIG_BYTES, max_depth=4, max_values=1000)
+        except ConfigError:
+            return None
+        if not all(isinstance(v, (str, int, float, bool)) or v is None for v in value.values()):
+            return None
+        return CachedChoice(tactic, value, None if us is None else float(us))
 
     def get(self, env: str, signature: str) -> CachedChoice | None:
+        """The cached choice, or None (a miss; a row with values of the wrong type or size counts as invalid)."""
         with self._connect() as db:
-            row = db.execute("SELECT tactic, config, microseconds FROM timings WHERE env=? AND signature=?",
-                             (env, signature)).fetchone()
-        if row is None:
+            row = self._query(db, "SELECT tactic, config, microseconds FROM timings WHERE env=? AND signature=?",
+                              (env, signature)).fetchone()
+        choice = None if row is None else self._valid(row)
+        if choice is None:
             self.misses += 1
-            return None
-        try:
-            config = json.loads(row[1])
-            if not isinstance(config, dict) or not isinstance(row[0], str):
-                raise ValueError
-        except ValueError:
-            self.misses += 1
+            self.invalid += row is not None
             return None
         self.hits += 1
-        return CachedChoice(row[0], config, row[2])
+        return choice
 
     def put(self, env: str, signature: str, choice: CachedChoice) -> None:
         with self.lock, self._connect() as db:
-            db.execute(SCHEMA)
-            db.execute("INSERT OR REPLACE INTO timings VALUES (?, ?, ?, ?, ?)",
-                       (env, signature, choice.tactic, json.dumps(choice.config, sort_keys=True),
-                        choice.microseconds))
+            self._query(db, SCHEMA)
+            self._query(db, "INSERT OR REPLACE INTO timings VALUES (?, ?, ?, ?, ?)",
+                        (env, signature, choice.tactic, json.dumps(choice.config, sort_keys=True),
+                         choice.microseconds))
 
     def __len__(self) -> int:
         with self._connect() as db:
-            return db.execute("SELECT COUNT(*) FROM timings").fetchone()[0]
+            return self._query(db, "SELECT COUNT(*) FROM timings").fetchone()[0]
