@@ -97,5 +97,6 @@ def test_bert(tmp_path, dynamo):
                   dynamic_axes={n: {0: "batch", 1: "seq"} for n in names})
     fused, _ = _check(path, {n: a.numpy() for n, a in zip(names, args)})
     assert fused["FusedAttention"] == 2 and "Softmax" not in fused and "Erf" not in fused
-    assert fused["FusedGemm"] == 13  # Q, K, V, output, both FFN layers per block, and the pooler (Tanh)
+    # Q, K and V merged into one (then Split), output, both FFN layers per block, and the pooler (Tanh)
+    assert fused["FusedGemm"] == 9 and fused["Split"] == 2
     assert fused["AddLayerNorm"] == 4 and "MatMul" not in fused

@@ -194,3 +194,18 @@ def test_gpu_fused_attention_bert_base(dtype):
     assert tactic.supports(spec, device) is None
     for config in tactic.configs(spec, device, 5):
         _check(tactic.compile(spec, config, device)(inputs)[0], want[0])
+
+
+def test_fused_attention_strided_inputs_heads_inner_output():
+    """BERT's layout after view tactics: Q, K, V read through (B, S, H, D) strides of one merged projection;
+    the 4-D output is laid out (B, S, H, D), so merging heads back is a view."""
+    b, s, h, d = 2, 19, 4, 20
+    qkv = torch.randn(b, s, 3 * h * d, generator=torch.Generator().manual_seed(2))
+    q, k, v = (t.reshape(b, s, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
+    inputs = [q, k.transpose(-1, -2), v]
+    spec, want = _fused_spec({"scale": None, "scale_on": "qk"}, inputs)
+    got = registry.get("triton_fused_attention").compile(spec, SMALL, CPU)(inputs)[0]
+    _check(got, want[0])
+    assert got.transpose(1, 2).is_contiguous()
+    merged = got.transpose(1, 2).reshape(b, s, h * d)
+    assert merged.untyped_storage().data_ptr() == got.untyped_storage().data_ptr()

@@ -138,6 +138,8 @@ class Autotuner:
             return Choice(registry.REFERENCE, rejected=refused)
         if fast[0].untimed:  # a view: nothing to time, and always at least as fast as the reference
             return Choice(fast[0].name, {}, None, "heuristic", refused)
+        if fast[0].untimed:  # a view: nothing to time, and always at least as fast as the reference
+            return Choice(fast[0].name, {}, None, "heuristic", refused)
         if not spec.static or any(v is not None and v.const is None and not v.dtype.is_float
                                   for v in spec.inputs if v is not None and v.dtype is not None):
             t = fast[0]  # no representative data to time or check with: priority decides

@@ -107,12 +107,16 @@ def configs(sq: int | None, d: int, dv: int, itemsize: int, smem: int, level: in
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
               causal: bool = False, scale: float | None = None, config: dict | None = None,
-              tf32: bool = False) -> torch.Tensor:
-    """softmax(scale · q kᵀ + mask) v for (B, H, S, D) tensors; the result has q's dtype and (B, Hq, Sq, Dv)."""
+              tf32: bool = False, heads_inner: bool = False) -> torch.Tensor:
+    """softmax(scale · q kᵀ + mask) v for (B, H, S, D) tensors of any strides; the result has q's dtype and
+    shape (B, Hq, Sq, Dv), laid out as (B, Sq, Hq, Dv) when `heads_inner` (heads merged back by a view)."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
     cfg = config or configs(sq, d, dv, q.element_size(), DEFAULT_SMEM, 0)[0]
-    o = torch.empty((bsz, hq, sq, dv), dtype=q.dtype, device=q.device)
+    if heads_inner:
+        o = torch.empty((bsz, sq, hq, dv), dtype=q.dtype, device=q.device).transpose(1, 2)
+    else:
+        o = torch.empty((bsz, hq, sq, dv), dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
     kind = MASK_NONE if mask is None else MASK_BOOL if mask.dtype == torch.bool else MASK_ADD

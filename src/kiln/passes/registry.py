@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kiln.passes.eliminate_common import eliminate_common
 from kiln.passes.eliminate_dead import eliminate_dead
 from kiln.passes.eliminate_identity import eliminate_identity
 from kiln.passes.fold_batchnorm import fold_batchnorm
@@ -12,11 +13,14 @@ from kiln.passes.fuse_conv_epilogue import fuse_conv_epilogue
 from kiln.passes.fuse_gemm_epilogue import fuse_gemm_epilogue
 from kiln.passes.fuse_layernorm import fuse_layernorm
 from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
+from kiln.passes.fuse_sibling_gemms import fuse_sibling_gemms
 
 # Folding first (BatchNorm must be folded into its Conv before the conv epilogue is fused); the
 # decomposed-LayerNorm and attention patterns before the epilogue fusions that would take their
 # pieces; pointwise chains last, so they only get what no other fusion wanted, and after the
-# layers those fusions left dead (attention's run-time scale arithmetic) are gone.
+# layers those fusions left dead (attention's run-time scale arithmetic) are gone. Sibling GEMMs
+# (attention's Q/K/V projections) merge once their epilogues are fused; repeated layers (the attention
+# mask each encoder layer recomputes) go last, so no fusion finds a value shared that it needs alone.
 DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm,
-                 fuse_layernorm, fuse_attention, fuse_conv_epilogue, fuse_gemm_epilogue,
-                 eliminate_dead, fuse_pointwise_chain]
+                 fuse_layernorm, fuse_attention, fuse_conv_epilogue, fuse_gemm_epilogue, fuse_sibling_gemms,
+                 eliminate_dead, fuse_pointwise_chain, eliminate_common]

@@ -71,6 +71,10 @@ def to_device(value: Any, device: torch.device | str) -> Any:
     return value
 
 
+def _dense(value: Any) -> Any:
+    return value.contiguous() if isinstance(value, torch.Tensor) else value
+
+
 def to_host(value: Any) -> Any:
     """Runtime value → numpy side: tensors become numpy arrays, sequences lists of them."""
     if isinstance(value, torch.Tensor):
@@ -182,7 +186,8 @@ class ExecutionContext:
         values.update(inputs)
         with torch.inference_mode():
             run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, self.engine.kernels)
-        return {n: values[n] for n in list(net.outputs) + sorted(keep - set(net.outputs))}
+        # layout layers may leave an output as a view (strided, or aliasing another value): hand back dense tensors
+        return {n: _dense(values[n]) for n in list(net.outputs) + sorted(keep - set(net.outputs))}
 
     @property
     def eager_reasons(self) -> dict:

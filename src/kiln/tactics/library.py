@@ -11,4 +11,5 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     triton_gemm,
     triton_norm,
     triton_pointwise,
+    views,
 )

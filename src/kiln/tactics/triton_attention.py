@@ -91,7 +91,9 @@ def _compile_fused(spec: LayerSpec, config, device):
         if three_d:  # (N, S, D) as N batches of one head
             q, kt, v = q.unsqueeze(1), kt.unsqueeze(1), v.unsqueeze(1)
             mask = mask.unsqueeze(-3) if mask is not None and mask.dim() == 3 else mask
-        y = attention.attention(q, kt.transpose(-1, -2), v, mask, scale=scale, config=config, tf32=tf32)
+        # 4-D: the output in (B, S, H, D) memory, so the usual head merge (transpose, reshape) is a view
+        y = attention.attention(q, kt.transpose(-1, -2), v, mask, scale=scale, config=config, tf32=tf32,
+                                heads_inner=not three_d)
         return [y.squeeze(1) if three_d else y]
 
     return run

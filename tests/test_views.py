@@ -1,0 +1,138 @@
+"""View tactics (tactics/views.py): layout layers return views of their input, equal to the reference exactly;
+an engine running them (forced on the CPU) gives the reference engine's outputs bit for bit and dense outputs."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import kiln
+from kiln.builder.autotune import Choice
+from kiln.builder.device import Device
+from kiln.engine import Engine
+from kiln.ir import DType
+from kiln.kinds import run_reference
+from kiln.tactics import registry
+from kiln.tactics.spec import LayerSpec, ValueSpec, layer_spec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from models.export import export  # noqa: E402
+from models.text import LastHidden, tiny_bert  # noqa: E402
+
+CPU = Device("cpu", "cpu", "cpu")
+VIEWS = [t for t in ("view_reshape", "view_transpose", "view_expand", "view_slice", "view_gather")]
+
+
+def _i64(*v):
+    return torch.tensor(v, dtype=torch.int64)
+
+
+def _spec(kind, x, consts, attrs):
+    ins = [x, *consts]
+    want = run_reference(kind, ins, attrs)[0]
+    vals = (ValueSpec(DType.from_torch(x.dtype), tuple(x.shape)),) + tuple(
+        None if c is None else ValueSpec(DType.INT64, tuple(c.shape), c) for c in consts)
+    return LayerSpec("l", kind, attrs, vals, (ValueSpec(DType.from_torch(want.dtype), tuple(want.shape)),)), ins, want
+
+
+CASES = {
+    "reshape": ("Reshape", [_i64(2, 0, 4, 5, 4)], {"allowzero": 0}, "view_reshape"),
+    "flatten": ("Flatten", [], {"axis": 2}, "view_reshape"),
+    "squeeze": ("Squeeze", [_i64(1)], {}, "view_reshape"),
+    "unsqueeze": ("Unsqueeze", [_i64(0, -1)], {}, "view_reshape"),
+    "transpose": ("Transpose", [], {"perm": [0, 2, 1, 3]}, "view_transpose"),
+    "transpose_default": ("Transpose", [], {}, "view_transpose"),
+    "slice": ("Slice", [_i64(1, -7), _i64(100, -1), _i64(-1, 2), _i64(1, 2)], {}, "view_slice"),
+    "gather": ("Gather", [torch.tensor(-1)], {"axis": 2}, "view_gather"),
+    "expand": ("Expand", [_i64(3, 2, 1, 4, 20)], {}, "view_expand"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_view_equals_reference_and_aliases(case):
+    kind, consts, attrs, name = CASES[case]
+    x = torch.randn(2, 1 if kind == "Squeeze" else 3, 4, 20)
+    if kind == "Squeeze":
+        x = torch.randn(2, 1, 4, 20)
+    spec, ins, want = _spec(kind, x, consts, attrs)
+    tactic = registry.get(name)
+    assert tactic.untimed and tactic.supports(spec, CPU) is None
+    got = tactic.compile(spec, {}, CPU)(ins)[0]
+    assert got.shape == want.shape and torch.equal(got, want)
+    assert got.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # a view: no copy
+
+
+def test_refusals():
+    x = torch.randn(2, 3, 4)
+    spec, _, _ = _spec("Slice", x, [_i64(3), _i64(0), _i64(1), _i64(-1)], {})
+    assert "negative step" in registry.get("view_slice").supports(spec, CPU)
+    spec, _, _ = _spec("Gather", x, [_i64(0, 1)], {"axis": 0})
+    assert "one constant integer" in registry.get("view_gather").supports(spec, CPU)
+    spec, _, _ = _spec("Transpose", x, [], {})
+    dyn = LayerSpec("l", "Transpose", {}, (ValueSpec(DType.FLOAT32, ("b", 3, 4)),), spec.outputs)
+    assert "not static" in registry.get("view_transpose").supports(dyn, CPU)
+
+
+def test_autotuner_takes_views_untimed():
+    from kiln.builder.autotune import Autotuner
+
+    spec, _, _ = _spec("Transpose", torch.randn(2, 3, 4), [], {"perm": [1, 0, 2]})
+    gpu_like = Device("cuda", "test", "cuda")  # candidates() reads only the backend; no device is touched
+    choice = Autotuner.choose(_Tuner(gpu_like), spec)
+    assert choice.tactic == "view_transpose" and choice.source == "heuristic"
+
+
+class _Tuner:
+    def __init__(self, device):
+        self.device, self.level, self.cache = device, 3, None
+
+
+def _bert_onnx(tmp_path, seq=16):
+    """The benchmark's BERT form (transformers' default attention) at a small width, static batch 2."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = LastHidden(BertModel(BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                            intermediate_size=128, max_position_embeddings=64)).eval())
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 300, (2, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, seq // 2:] = 0
+    args = (ids, mask, torch.zeros_like(ids))
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    path = export(model, args, tmp_path / "bert.onnx", dynamo=False, input_names=names,
+                  output_names=["last_hidden_state", "pooler_output"])
+    return path, {n: a.numpy() for n, a in zip(names, args)}
+
+
+def forced_views(engine):
+    """The engine rebuilt with every layer a view tactic supports running it (what a GPU build chooses)."""
+    choices = {}
+    for layer in engine.network.layers:
+        spec = layer_spec(engine.network, layer, engine.weights)
+        for name in VIEWS:
+            t = registry.get(name)
+            if layer.kind in t.kinds and t.supports(spec, CPU) is None:
+                choices[layer.name] = Choice(name)
+                break
+    return Engine(engine.network, engine.config, engine.device, tactics=choices), len(choices)
+
+
+def test_bert_engine_with_views_matches_reference_and_onnxruntime(tmp_path):
+    path, feeds = _bert_onnx(tmp_path)
+    ref = kiln.build(str(path), kiln.BuildConfig(device="cpu"))
+    viewed, n = forced_views(ref)
+    kinds = {l.kind for l in ref.network.layers if viewed.tactics[l.name].tactic.startswith("view_")}
+    assert n >= 16 and {"Reshape", "Transpose"} <= kinds, (n, kinds)
+    want, got = ref.run(feeds), viewed.run(feeds)
+    ctx = viewed.create_context()
+    raw = ctx.run({k: torch.from_numpy(v) for k, v in feeds.items()})
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+        assert raw[k].is_contiguous()
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for name, value in zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)):
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
