@@ -65,6 +65,11 @@ class BuildConfig:
     cuda_graph: bool = True
     workspace_bytes: int | None = None   # most transient memory one kernel may take (--memory-pool workspace=)
     fold_budget_bytes: int = 64 * 2**20
+    calib: str | None = None            # --int8 calibration data: .npz, folder of NAME.npy, or .npy
+    calibrator: str = "entropy"         # minmax | entropy | percentile | mse (kiln.quant.calibrators)
+    calib_cache: str | None = None      # calibration cache JSON: read when it fits, written after calibrating
+    calib_batch: int = 16               # samples per calibration batch (the scales do not depend on it)
+    calib_percentile: float = 99.99
     hardware_compat: str = "none"   # none | same-cc | portable: the devices the plan's tactics must be valid on
 
     def __post_init__(self):
@@ -80,6 +85,14 @@ class BuildConfig:
         profiles = tuple({k: (v if isinstance(v, ShapeRange) else ShapeRange(*v)) for k, v in p.items()}
                          for p in self.profiles)
         object.__setattr__(self, "profiles", profiles)
+        from kiln.quant.calibrators import CALIBRATORS
+        if self.calibrator not in CALIBRATORS:
+            raise ConfigError(f"unknown calibrator {self.calibrator!r}; choose one of {', '.join(CALIBRATORS)}")
+        if self.calib_batch < 1 or not 0 < self.calib_percentile <= 100:
+            raise ConfigError("calib_batch must be >= 1 and calib_percentile in (0, 100]")
+        for name in ("calib", "calib_cache"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, str(Path(getattr(self, name))))
         if self.timing_cache is not None:
             object.__setattr__(self, "timing_cache", str(Path(self.timing_cache)))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import onnx
@@ -19,6 +19,8 @@ from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.passes import PassContext, default_passes, run_passes
 from kiln.quant import apply_precision
+from kiln.quant.int8_stage import quantize_int8
+from kiln.quant.qdq import absorb_qdq, has_qdq
 from kiln.runtime.context import to_device
 from kiln.tactics.hardware_compat import HardwareCompat
 
@@ -66,7 +68,7 @@ def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
 
 
 def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfig | None = None,
-          progress: Progress | None = None) -> Engine:
+          progress: Progress | None = None, calib_data=None) -> Engine:
     """Build an engine for the best device present (or `config.device`) from an ONNX model."""
     config = config or BuildConfig()
     ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
@@ -88,16 +90,32 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     onnx_nodes = len(loaded.proto.graph.node)
     imported_layers = len(net.layers)
     pctx = PassContext(fold_budget_bytes=config.fold_budget_bytes)
+    qdq = absorb_qdq(net) if config.int8 and has_qdq(net) else None
+    if not config.int8 and has_qdq(net):
+        ctx.notes.append("the model has Q/DQ nodes: they run as written, in float; add --int8 to run its "
+                         "quantized layers as int8")
     net = stage("optimize", lambda: run_passes(net, default_passes(), pctx))
     if needs_specialization(net):
         learned = stage("specialize", lambda: specialize_shapes(net, ctx.device.torch_device))
         if learned:
             ctx.notes.append(f"shapes: {learned} tensors' shapes learned from one run with the fixed input shapes")
             run_passes(net, default_passes(), pctx)
-    ctx.notes += stage("precision", lambda: apply_precision(net, config))
+    int8_info: dict = {}
+
+    def precision() -> list[str]:
+        notes = []
+        if config.int8:  # layers left float run in fp16 on the GPU, as TensorRT's --int8 --fp16
+            notes, record = quantize_int8(net, config, ctx.device, qdq, calib_data)
+            int8_info.update(record)
+        cuda_int8 = config.int8 and ctx.device.backend == "cuda" and not config.bf16
+        return notes + apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
+
+    ctx.notes += stage("precision", precision)
     net.verify()
     info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,
             "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}
+    if int8_info:
+        info["int8"] = int8_info
     weights = {k: to_device(v, ctx.device.torch_device) for k, v in net.constants.items()}
     cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
     choices = stage("tune", lambda: tune(net, weights, ctx.device, config.opt_level, config.tf32, cache,

@@ -18,6 +18,7 @@ from kiln.kinds import (  # noqa: F401  (imported for their registrations)
     normalization,
     pool,
     quantize,
+    quantized,
     reduce,
     resize,
     rnn,
