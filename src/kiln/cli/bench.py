@@ -18,7 +18,7 @@ from kiln.bench.session import BenchOptions, run_bench
 from kiln.bench.stats import parse_percentiles
 from kiln.cli.errors import command
 from kiln.cli.inputs import input_shapes, on_device, open_engine, random_feeds
-from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, is_onnx, parse_shapes
+from kiln.cli.options import Device, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, is_onnx, parse_shapes
 from kiln.cli.output import add_row, key_values, print_json, status, stdout
 from kiln.cli.profile import ExportProfile, export_profile, print_profile
 from kiln.errors import ConfigError, ModelError
@@ -142,6 +142,8 @@ def bench(
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
+    policy: Policy = "strict",
+    verify_key: VerifyKey = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
@@ -152,7 +154,7 @@ def bench(
     options = BenchOptions(iterations, duration, warmup, streams, cuda_graph, not no_data_transfers, spin_wait,
                            parse_percentiles(percentiles)).checked()
     build_shapes = onnx_batch_shapes(model, shape_map, batch) if is_onnx(model) and batch else shape_map
-    engine = open_engine(model, build_shapes, device)
+    engine = open_engine(model, build_shapes, device, policy, verify_key)
     resolved = batch_shapes(engine, shape_map, batch)
     feeds = random_feeds(engine, resolved, seed)
     first = next(iter(resolved.values()), ())

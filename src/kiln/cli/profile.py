@@ -12,7 +12,7 @@ from rich.table import Table
 from kiln.bench.profile import LayerProfile, profile_layers
 from kiln.cli.errors import command
 from kiln.cli.inputs import on_device, open_engine, random_feeds
-from kiln.cli.options import Device, Json, ModelPath, Seed, Shapes, Verbose, parse_shapes
+from kiln.cli.options import Device, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
 from kiln.cli.output import add_row, print_json, status, stdout
 
 TOP = 30
@@ -54,12 +54,14 @@ def profile(
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
+    policy: Policy = "strict",
+    verify_key: VerifyKey = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Time each layer's kernel on random inputs: mean/median per layer, slowest first."""
     shape_map = parse_shapes(shapes)
-    engine = open_engine(model, shape_map, device)
+    engine = open_engine(model, shape_map, device, policy, verify_key)
     feeds = on_device(random_feeds(engine, shape_map, seed), engine.device.torch_device)
     status(f"profiling {model.name} on {engine.device.name} ...")
     result = profile_layers(engine, feeds, iterations, warmup)
