@@ -142,3 +142,31 @@ def test_gpu_softmax_every_config(dtype, shape):
     tactic = registry.get("triton_softmax")
     for config in tactic.configs(spec, _cuda(), 5):
         _check(tactic.compile(spec, config, _cuda())(inputs)[0], want[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_add_layernorm_tactic(dtype, outputs):
+    """Residual add + LayerNorm in one kernel: Y (and S = A + B, rounded like the unfused Add, when requested);
+    A read through strided rows as a view tactic leaves it."""
+    a = (torch.randn(3, 5, 64) * 3)[..., :50].to(dtype)
+    inputs = [a, torch.randn(3, 5, 50).to(dtype), torch.randn(50).to(dtype), torch.randn(50).to(dtype)]
+    spec, want = _spec("AddLayerNorm", LN, inputs, consts={2, 3}, outputs=outputs)
+    tactic = registry.get("triton_add_layernorm")
+    assert tactic.supports(spec, CPU) is None
+    configs = tactic.configs(spec, CPU, 3)
+    assert configs and all(c["BLOCK"] >= 50 for c in configs)
+    for config in configs[:2]:
+        got = tactic.compile(spec, config, CPU)(inputs)
+        _check(got[0], want[0])
+        if outputs == 2:  # bit-exact but in bf16, where the CPU interpreter's rounding may truncate
+            assert torch.equal(got[1], want[1]) if dtype != torch.bfloat16 else _check(got[1], want[1]) is None
+        else:
+            assert got[1] is None
+
+
+def test_add_layernorm_supports_reasons():
+    x, w = torch.randn(2, 4, 6), torch.randn(6)
+    tactic = registry.get("triton_add_layernorm")
+    assert "shapes differ" in tactic.supports(_spec("AddLayerNorm", LN, [x, torch.randn(1, 4, 6), w])[0], CPU)
+    assert "last dim" in tactic.supports(_spec("AddLayerNorm", {**LN, "axis": 1}, [x, x, torch.randn(4, 6)])[0], CPU)

@@ -1,4 +1,4 @@
-"""LayerNorm over the last dim: one program per row, statistics in fp32.
+"""LayerNorm over the last dim (and residual add + LayerNorm): one program per row, statistics in fp32.
 
 A row that fits one block (N ≤ BLOCK) is read once and kept in registers; wider rows are walked in
 BLOCK-wide chunks three times (mean, variance, normalize) so that any width runs.
@@ -67,3 +67,49 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     _layernorm_kernel[(x2.shape[0],)](x2, w, b, y, n, x2.stride(0), n, float(eps), HAS_BIAS=bias is not None,
                                       BLOCK=cfg["BLOCK"], ONE_PASS=n <= cfg["BLOCK"], num_warps=cfg["num_warps"])
     return y
+
+
+@triton.jit
+def _add_layernorm_kernel(a, r, w, b, y, s, N, s_a, s_r, eps, HAS_BIAS: tl.constexpr, STORE_SUM: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < N
+    v = tl.load(a + row * s_a + cols, mask=inside, other=0.0).to(tl.float32)
+    v += tl.load(r + row * s_r + cols, mask=inside, other=0.0).to(tl.float32)
+    v = v.to(y.dtype.element_ty)  # the sum is rounded to the tensors' dtype, as the unfused Add gives it
+    if STORE_SUM:
+        tl.store(s + row * N + cols, v, mask=inside)
+    v = v.to(tl.float32)
+    mean = tl.sum(v, 0) / N
+    d = tl.where(inside, v - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
+    out = d * rstd * tl.load(w + cols, mask=inside, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        out += tl.load(b + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y + row * N + cols, out.to(y.dtype.element_ty), mask=inside)
+
+
+def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    x2 = x.reshape(-1, n)
+    return x2.contiguous() if x2.numel() and x2.stride(-1) != 1 else x2
+
+
+def add_layer_norm(a: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                   config: dict | None = None, want_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(LayerNorm(a + r) over the last dim, a + r) in one pass; a and r have one shape, rows of ≤ BLOCK values.
+    The sum is None when not `want_sum`."""
+    n = a.shape[-1]
+    cfg = config or row_config(n)
+    if n > cfg["BLOCK"]:
+        raise ValueError(f"rows of {n} values do not fit one block of {cfg['BLOCK']}")
+    a2, r2 = _rows(a, n), _rows(r, n)
+    y = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    s = torch.empty(a.shape, dtype=a.dtype, device=a.device) if want_sum else None
+    if a2.numel():
+        w = weight.reshape(-1)
+        b = bias.reshape(-1) if bias is not None else w
+        _add_layernorm_kernel[(a2.shape[0],)](a2, r2, w, b, y, s if s is not None else y, n, a2.stride(0),
+                                              r2.stride(0), float(eps), HAS_BIAS=bias is not None,
+                                              STORE_SUM=want_sum, BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return y, s

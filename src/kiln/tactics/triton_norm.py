@@ -1,11 +1,12 @@
-"""LayerNormalization and Softmax over the last dim through the generated Triton row kernels."""
+"""LayerNormalization, AddLayerNorm (residual add + LayerNorm in one kernel) and Softmax over the last dim
+through the generated Triton row kernels."""
 
 from __future__ import annotations
 
 import math
 
 from kiln.kernels import layernorm, softmax
-from kiln.kernels.common import row_configs
+from kiln.kernels.common import MAX_ROW_BLOCK, row_configs
 from kiln.tactics.common import rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
@@ -65,5 +66,33 @@ def _compile_softmax(spec: LayerSpec, config, device):
     return lambda inputs: [softmax.softmax(inputs[0], config)]
 
 
+def _supports_add_ln(spec: LayerSpec, device) -> str | None:
+    """AddLayerNorm: A and B of one static shape, rows that fit one block, LayerNorm's own conditions."""
+    a, b = spec.inputs[:2]
+    if a is None or b is None or not a.static or a.shape != b.shape:
+        return "A and B shapes differ or are not static"
+    if rank(a) and isinstance(a.shape[-1], int) and a.shape[-1] > MAX_ROW_BLOCK:
+        return f"rows wider than {MAX_ROW_BLOCK} values"
+    ln = LayerSpec(spec.name, "LayerNormalization", spec.attrs, (a, *spec.inputs[2:4]), spec.outputs[:1])
+    return _supports_ln(ln, device) or io_reason(spec, [b, spec.outputs[0]], device)
+
+
+def _configs_add_ln(spec: LayerSpec, device, level: int):
+    return [c for c in row_configs(_width(spec), level) if c["BLOCK"] >= _width(spec)]
+
+
+def _compile_add_ln(spec: LayerSpec, config, device):
+    eps = spec.attrs.get("epsilon", 1e-5)
+    want_sum = len(spec.outputs) > 1 and spec.outputs[1].dtype is not None
+
+    def run(inputs):
+        bias = inputs[3] if len(inputs) > 3 else None
+        return list(layernorm.add_layer_norm(inputs[0], inputs[1], inputs[2], bias, eps, config, want_sum))
+
+    return run
+
+
 register(Tactic("triton_layernorm", ("LayerNormalization",), _compile_ln, _supports_ln, _configs, priority=20))
 register(Tactic("triton_softmax", ("Softmax",), _compile_softmax, _supports_softmax, _configs, priority=20))
+register(Tactic("triton_add_layernorm", ("AddLayerNorm",), _compile_add_ln, _supports_add_ln, _configs_add_ln,
+                priority=20))
