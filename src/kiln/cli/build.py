@@ -14,6 +14,7 @@ from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, s
 from kiln.config import Profile, ShapeRange
 from kiln.engine.signing import load_private_key
 from kiln.errors import ConfigError
+from kiln.quant.report import int8_summary, ranges_table
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -54,7 +55,8 @@ def summary(engine: kiln.Engine, plan: Path) -> dict:
             "imported_layers": info.get("imported_layers"), "layers": info.get("layers"),
             "passes": info.get("passes", {}), "weight_bytes": engine.network.weight_bytes(),
             "arena_bytes": engine.memory_plan.arena_bytes, "stage_seconds": info.get("stage_seconds", {}),
-            "build_seconds": info.get("build_seconds"), "notes": info.get("notes", [])}
+            "build_seconds": info.get("build_seconds"), "notes": info.get("notes", []),
+            **({"int8": int8_summary(info)} if info.get("int8") else {})}
 
 
 def print_summary(s: dict) -> None:
@@ -66,8 +68,14 @@ def print_summary(s: dict) -> None:
              else "sized at run time (dynamic shapes)")]
     rows += [(f"time: {stage}", f"{sec:.3f} s") for stage, sec in s["stage_seconds"].items()]
     rows.append(("time: total", f"{s['build_seconds']:.3f} s"))
+    if "int8" in s:
+        q = s["int8"]
+        rows.append(("int8 layers", f"{q['int8_layers']} of {q['quantizable_layers']} quantizable layers; scales "
+                                    f"from {q['scales_from']}"))
     rows += [("note", note) for note in s["notes"]]
     stdout().print(key_values("Build summary", rows))
+    if "int8" in s and s["int8"]["ranges"]:
+        stdout().print(ranges_table(s["int8"]["ranges"]))
 
 
 @command
@@ -103,6 +111,16 @@ def build(
     hardware_compat: Annotated[str, typer.Option(
         "--hardware-compat", help="Devices the plan must run on: none (this GPU model, fastest), same-cc (any GPU "
                                   "of this compute capability) or portable (any GPU from sm80 on).")] = "none",
+    calib: Annotated[Optional[Path], typer.Option(
+        "--calib", help="--int8 calibration data: a .npz or a folder of NAME.npy (samples along axis 0).")] = None,
+    calibrator: Annotated[str, typer.Option(
+        "--calibrator", help="How calibration picks a range: entropy, minmax, percentile or mse.")] = "entropy",
+    calib_cache: Annotated[Optional[Path], typer.Option(
+        "--calib-cache", help="Calibration cache JSON: reused when it fits (no data needed), written after "
+                              "calibrating.")] = None,
+    calib_batch: Annotated[int, typer.Option("--calib-batch", help="Samples per calibration batch.")] = 16,
+    calib_percentile: Annotated[float, typer.Option(
+        "--calib-percentile", help="The percentile calibrator's percentile.")] = 99.99,
     sign_key: Annotated[Optional[Path], typer.Option(
         "--sign-key", help="Sign the plan with this Ed25519 private key (from `kiln keygen`).")] = None,
     verbose: Verbose = False,
@@ -121,7 +139,9 @@ def build(
                               device=device, layer_precisions=parse_layer_precisions(layer_precision),
                               keep_io_precision=keep_io_precision, cuda_graph=cuda_graph,
                               workspace_bytes=parse_memory_pools(memory_pool).get("workspace"),
-                              hardware_compat=hardware_compat)
+                              hardware_compat=hardware_compat, calib=str(calib) if calib else None,
+                              calibrator=calibrator, calib_cache=str(calib_cache) if calib_cache else None,
+                              calib_batch=calib_batch, calib_percentile=calib_percentile)
     key = load_private_key(sign_key) if sign_key else None  # a bad key fails before the build, not after
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)
