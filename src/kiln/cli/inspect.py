@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import datetime
 import math
+import struct
 from pathlib import Path
 from typing import Annotated
 
@@ -13,15 +14,17 @@ import torch
 import typer
 from rich.table import Table
 
-from kiln.cli.errors import command
+from kiln.cli.errors import command, one_line
 from kiln.cli.options import Json, Verbose, is_onnx
 from kiln.cli.output import add_row, fmt_bytes, key_values, print_json, stdout
 from kiln.engine import plan
 from kiln.engine.serialize import network_from_json
-from kiln.errors import ConfigError, ModelError
+from kiln.errors import ConfigError, KilnError, ModelError
+from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.loader import parse, validate_fields
 from kiln.frontend.onnx.registry import lookup
 from kiln.ir import Layer, Network
+from kiln.passes import PassContext, default_passes, run_passes
 
 
 def _bytes(value) -> int:
@@ -38,16 +41,45 @@ def _tensor(net: Network, name: str) -> dict:
     return {"name": name, "dtype": str(t.dtype), "shape": t.shape_str()}
 
 
-def _layer(net: Network, index: int, layer: Layer, entry: dict) -> dict:
+def _layer(net: Network, index: int, layer: Layer, choice: dict) -> dict:
+    """One layer's row: fused ONNX nodes, precision, tactic with its config, shapes, memory format, weights."""
     outputs = [o for o in layer.outputs if o]
     weights = {i for i in layer.inputs if i in net.constants}
+    config = choice.get("config") if isinstance(choice.get("config"), dict) else {}
     return {"index": index, "name": layer.name, "kind": layer.kind,
             "precision": str(layer.precision or (net.tensors[outputs[0]].dtype if outputs else "-")),
             "origin": layer.origin,
             "inputs": [_tensor(net, i) for i in layer.inputs if i and i not in net.constants],
             "outputs": [_tensor(net, o) for o in outputs],
             "weight_bytes": sum(_bytes(net.constants[w]) for w in weights) + _bytes(list(layer.attrs.values())),
-            "tactic": entry.get("tactic") or "reference"}
+            "tactic": str(choice.get("tactic") or "reference"), "tactic_config": config,
+            "tactic_source": choice.get("source"), "tactic_us": choice.get("microseconds"),
+            "format": _FORMATS.get(str(config.get("layout", "")).lower(), "linear")}
+
+
+_FORMATS = {"nhwc": "NHWC", "nchw": "NCHW"}  # conv layouts; every other tensor is linear (row-major)
+
+
+def _weights_by_dtype(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Stored weight bytes per dtype, largest first."""
+    out: dict[str, int] = collections.Counter()
+    for t in tensors.values():
+        out[str(t.dtype).removeprefix("torch.")] += _bytes(t)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _size_breakdown(path: Path, tensors: dict[str, torch.Tensor]) -> dict:
+    """The plan file's bytes by what they hold: header, manifest, weights by dtype, and the rest (the
+    safetensors index and alignment). Read after `plan.read` has checked the file."""
+    with open(path, "rb") as f:
+        _, _, hlen = plan.PREFIX.unpack(f.read(plan.PREFIX.size))
+        f.seek(plan.PREFIX.size + hlen)
+        (mlen,) = struct.unpack("<Q", f.read(8))
+    total = path.stat().st_size
+    by_dtype = _weights_by_dtype(tensors)
+    header = plan.PREFIX.size + hlen
+    return {"total": total, "header": header, "manifest": mlen + 8, "weights": sum(by_dtype.values()),
+            "weights_by_dtype": by_dtype, "other": total - header - mlen - 8 - sum(by_dtype.values())}
 
 
 def describe_plan(path: Path, header_only: bool) -> dict:
@@ -57,13 +89,17 @@ def describe_plan(path: Path, header_only: bool) -> dict:
         return {"file": str(path), "header": header}
     p = plan.read(path)
     net = network_from_json(p.manifest.get("network"), p.tensors)
-    layers = [_layer(net, k, layer, entry)
-              for k, (layer, entry) in enumerate(zip(net.layers, p.manifest["network"]["layers"], strict=True))]
+    tactics = p.manifest.get("tactics") if isinstance(p.manifest.get("tactics"), dict) else {}
+    layers = [_layer(net, k, layer, tactics.get(layer.name) if isinstance(tactics.get(layer.name), dict) else {})
+              for k, layer in enumerate(net.layers)]
     build = p.manifest.get("build") or {}
-    return {"file": str(path), "header": header, "config": p.manifest.get("config") or {}, "layers": layers,
+    config = p.manifest.get("config") or {}
+    return {"file": str(path), "header": header, "config": config, "layers": layers,
             "memory": {"plan_bytes": path.stat().st_size,
                        "weight_bytes": net.weight_bytes() + sum(_bytes(list(x.attrs.values())) for x in net.layers),
-                       "arena_bytes": (p.manifest.get("memory") or {}).get("arena_bytes")},
+                       "arena_bytes": (p.manifest.get("memory") or {}).get("arena_bytes"),
+                       "workspace_limit_bytes": config.get("workspace_bytes")},
+            "size": _size_breakdown(path, p.tensors),
             "totals": {"layers": len(layers), "onnx_nodes": build.get("onnx_nodes"),
                        "kinds": dict(collections.Counter(x.kind for x in net.layers).most_common()),
                        "passes": build.get("passes", {}), "notes": build.get("notes", [])}}
@@ -103,7 +139,30 @@ def describe_onnx(path: Path) -> dict:
             "parameters": sum(math.prod(t.dims) for t in graph.initializer),
             "inputs": [_value(vi) for vi in graph.input if vi.name not in initializers],
             "outputs": [_value(vi) for vi in graph.output], "ops": ops,
-            "unsupported": [o["op"] for o in ops if not o["supported"]]}
+            "unsupported": [o["op"] for o in ops if not o["supported"]],
+            "fusions": planned_fusions(path) if all(o["supported"] for o in ops) else
+            {"error": "not computed: the model has ops kiln cannot import"}}
+
+
+def planned_fusions(path: Path) -> dict:
+    """Import the model and run the build's graph passes (no device, no tuning): which layers several ONNX
+    nodes become, by kind, and what each pass did. A model that does not import reports why instead."""
+    try:
+        net = import_onnx(load_onnx(path).proto)
+        imported = len(net.layers)
+        pctx = PassContext()
+        net = run_passes(net, default_passes(), pctx)
+    except KilnError as e:
+        return {"error": one_line(e)}
+    fused = [layer for layer in net.layers if len(layer.origin) > 1]
+    kinds: dict[str, dict[str, int]] = {}
+    for layer in fused:
+        entry = kinds.setdefault(layer.kind, {"count": 0, "onnx_nodes": 0})
+        entry["count"] += 1
+        entry["onnx_nodes"] += len(layer.origin)
+    return {"imported_layers": imported, "layers": len(net.layers), "passes": dict(pctx.log),
+            "fused_kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["count"])),
+            "fused_layers": [{"name": x.name, "kind": x.kind, "origin": x.origin} for x in fused]}
 
 
 def _io(t: dict) -> str:
@@ -132,17 +191,36 @@ def print_plan(d: dict) -> None:
     for col in ("#", "name", "kind", "precision", "fused ONNX nodes", "inputs", "outputs", "weights", "tactic"):
         table.add_column(col, overflow="fold", no_wrap=col in ("#", "precision", "weights", "tactic"))
     for row in d["layers"]:
+        layout = "" if row["format"] == "linear" else f"\n({row['format']})"  # linear is the rule; say exceptions
         add_row(table, row["index"], row["name"], row["kind"], row["precision"], ", ".join(row["origin"]),
-                _shapes(row["inputs"]), _shapes(row["outputs"]), fmt_bytes(row["weight_bytes"]), row["tactic"])
+                _shapes(row["inputs"]), _shapes(row["outputs"]) + layout, fmt_bytes(row["weight_bytes"]),
+                _tactic(row))
     stdout().print(table)
-    m, t = d["memory"], d["totals"]
+    m, t, z = d["memory"], d["totals"], d["size"]
     arena = fmt_bytes(m["arena_bytes"]) if m["arena_bytes"] is not None else "sized at run time (dynamic shapes)"
-    rows = [("plan file", fmt_bytes(m["plan_bytes"])), ("weights", fmt_bytes(m["weight_bytes"])),
-            ("activation arena", arena), ("ONNX nodes → layers", f"{t['onnx_nodes']} → {t['layers']}"),
+    workspace = m["workspace_limit_bytes"]
+    rows = [("plan file", fmt_bytes(m["plan_bytes"])),
+            ("  header", fmt_bytes(z["header"])), ("  manifest (layers, tactics, config)", fmt_bytes(z["manifest"])),
+            *((f"  weights {dtype}", fmt_bytes(n)) for dtype, n in z["weights_by_dtype"].items()),
+            ("  other (weights index, padding)", fmt_bytes(z["other"])),
+            ("weights on the device", fmt_bytes(m["weight_bytes"])), ("activation arena", arena),
+            ("workspace", f"at most {fmt_bytes(workspace)} per kernel" if workspace is not None
+             else "no limit set (kernels take what their library asks for)"),
+            ("ONNX nodes → layers", f"{t['onnx_nodes']} → {t['layers']}"),
             ("layer kinds", ", ".join(f"{k} ×{n}" for k, n in t["kinds"].items())),
             ("passes applied", ", ".join(f"{k} ×{n}" for k, n in t["passes"].items()) or "none")]
     rows += [("note", n) for n in t["notes"]]
     stdout().print(key_values("Memory and totals", rows))
+
+
+def _tactic(row: dict) -> str:
+    """Tactic, its config (key=value) and its timed cost, on separate lines."""
+    lines = [row["tactic"]]
+    if row["tactic_config"]:
+        lines += [f"{k}={v}" for k, v in row["tactic_config"].items()]
+    if isinstance(row.get("tactic_us"), (int, float)):
+        lines.append(f"{row['tactic_us']:.1f} µs ({row.get('tactic_source') or '-'})")
+    return "\n".join(lines)
 
 
 def print_onnx(d: dict) -> None:
@@ -157,6 +235,21 @@ def print_onnx(d: dict) -> None:
     for o in d["ops"]:
         add_row(table, o["op"], o["domain"], str(o["count"]), "yes" if o["supported"] else "NO")
     stdout().print(table)
+    f = d["fusions"]
+    if "error" in f:
+        stdout().print(f"fusions: {f['error']}", markup=False)
+    else:
+        table = Table(title=f"Fusions the build will apply ({f['imported_layers']} imported layers → {f['layers']} "
+                            "after the graph passes)", title_justify="left")
+        for col in ("fused kind", "layers", "ONNX nodes in them"):
+            table.add_column(col)
+        for kind, n in f["fused_kinds"].items():
+            add_row(table, kind, n["count"], n["onnx_nodes"])
+        if not f["fused_kinds"]:
+            add_row(table, "none", 0, 0)
+        stdout().print(table)
+        if f["passes"]:
+            stdout().print("passes: " + ", ".join(f"{k} ×{n}" for k, n in f["passes"].items()), markup=False)
     if d["unsupported"]:
         stdout().print(f"kiln cannot import {', '.join(d['unsupported'])}: building this model will fail; "
                        "supply them with kiln.plugins.register_op", markup=False)
