@@ -134,3 +134,24 @@ def test_metrics_of_known_arrays():
     assert parse_tolerance("out:0=1e-3,1e-4") == ("out:0", Tolerance(1e-3, 1e-4))
     with pytest.raises(ConfigError):
         parse_tolerance("out=1e-3")
+
+
+def test_a_layer_with_wrong_weights_in_the_plan_is_named(model, tmp_path):
+    """Tamper with one layer's weights inside a saved plan (re-sealed with a valid checksum, as a buggy builder
+    would write it): compare must FAIL and --mark-all must name that layer, not a later one."""
+    from kiln.engine import plan as planfile
+
+    path = tmp_path / "chain.plan"
+    assert invoke("build", model, "-o", path, "--device", "cpu").exit_code == 0
+    p = planfile.read(path)
+    layer = next(l for l in p.manifest["network"]["layers"] if l["name"] == "mm1")
+    weight = max((f"const/{i}" for i in layer["inputs"] if f"const/{i}" in p.tensors),
+                 key=lambda k: p.tensors[k].numel())
+    p.tensors[weight] = p.tensors[weight] + 0.5
+    header = {k: v for k, v in p.header.items() if k not in ("payload_bytes", "payload_sha256")}
+    planfile.write(path, planfile.encode(header, p.manifest, p.tensors))
+    result = invoke("compare", model, "--plan", path, "--mark-all", "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert not report["passed"] and report["first_bad"]["layer"] == "mm1"
+    assert report["intermediates"][report["first_bad"]["tensor"]]["max_abs"] > 0.1
