@@ -14,9 +14,8 @@ import onnx
 
 from kiln.errors import ModelError, UnsupportedOpError
 from kiln.frontend.onnx import ops  # noqa: F401  (registers importers)
-from kiln.frontend.onnx.registry import ImportContext, OnnxNode, attribute_value, lookup
+from kiln.frontend.onnx.registry import ImportContext, OnnxNode, attribute_value, lookup, tensor_value
 from kiln.ir import DType, Network
-from kiln.ir.dtype import to_torch
 
 ValueType = tuple[DType, tuple | None, str]  # element dtype, element shape, value kind (see ir/tensor.py)
 
@@ -116,7 +115,7 @@ def import_graph(graph: onnx.GraphProto, ctx: GraphContext, input_types: list[Va
     """Import `graph`'s initializers, inputs, nodes and outputs into `ctx.network`."""
     net, types = ctx.network, ctx.types
     for init in graph.initializer:
-        net.add_constant(init.name, to_torch(onnx.numpy_helper.to_array(init)))
+        net.add_constant(init.name, tensor_value(init, "initializer"))
     for k, vi in enumerate(graph.input):
         if vi.name in net.constants:
             continue  # an initializer listed as input (IR < 4 style): a constant

@@ -113,13 +113,22 @@ def schema_defaults(node: OnnxNode) -> dict[str, Any]:
     return out
 
 
-def attribute_value(attr: onnx.AttributeProto) -> Any:
-    """AttributeProto → plain Python value (tensors become CPU torch tensors, bytes become str)."""
+def tensor_value(t: onnx.TensorProto, where: str) -> Any:
+    """A TensorProto's value as a CPU torch tensor; data that does not match its dims or type is a ModelError."""
     from kiln.ir.dtype import to_torch
 
+    try:
+        return to_torch(onnx.numpy_helper.to_array(t))
+    except (ValueError, TypeError, KeyError, OverflowError, MemoryError) as e:
+        raise ModelError(f"{where} {t.name!r}: its data does not match its dims {list(t.dims)} and type "
+                         f"{t.data_type} ({str(e)[:120]}); re-export the model") from None
+
+
+def attribute_value(attr: onnx.AttributeProto) -> Any:
+    """AttributeProto → plain Python value (tensors become CPU torch tensors, bytes become str)."""
     A = onnx.AttributeProto
     if attr.type == A.TENSOR:
-        return to_torch(onnx.numpy_helper.to_array(attr.t))
+        return tensor_value(attr.t, f"tensor attribute {attr.name!r}")
     if attr.type == A.STRING:
         return attr.s.decode("utf-8", "replace")
     if attr.type == A.STRINGS:
