@@ -36,3 +36,17 @@ def tf32(enabled: bool):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn (a map of the rows over the last dim, like a linear layer) applied to `x`; when `x` is a view whose
+    leading dims are permuted (as a Transpose view leaves them), fn runs on the rows in memory order and
+    the result is permuted back the same way, so no copy is made."""
+    if x.dim() <= 2 or x.is_contiguous() or x.stride(-1) != 1:
+        return fn(x)
+    lead = sorted(range(x.dim() - 1), key=lambda d: -x.stride(d))
+    dense = x.permute(*lead, x.dim() - 1)
+    if not dense.is_contiguous():
+        return fn(x)
+    back = sorted(range(x.dim()), key=lambda d: ([*lead, x.dim() - 1]).index(d))
+    return fn(dense).permute(back)

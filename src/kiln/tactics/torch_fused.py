@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kiln.tactics import torch_conv
-from kiln.tactics.common import float_io, rank, tf32
+from kiln.tactics.common import float_io, rank, rowwise, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 
@@ -102,7 +102,7 @@ def _compile_gemm(spec: LayerSpec, config, device):
     def run(inputs):
         bias = b if b is not None else (inputs[2] if len(inputs) > 2 else None)
         with tf32(allow):
-            return [act(F.linear(inputs[0], w, bias))]
+            return [rowwise(lambda x: act(F.linear(x, w, bias)), inputs[0])]
 
     return run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kiln.kernels import gemm
 from kiln.kernels.common import smem_limit
-from kiln.tactics.common import rank
+from kiln.tactics.common import rank, rowwise
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import io_reason, rows
@@ -57,11 +57,14 @@ def _compile_matmul(spec: LayerSpec, config, device):
     act, act_alpha, act_beta = _epilogue(spec.attrs)
     tf32 = spec.tf32
 
-    def run(inputs):
-        a, bias = inputs[0], inputs[2] if len(inputs) > 2 else None
+    def rows(a, bias):
         y = gemm.matmul(a.reshape(-1, a.shape[-1]), w, bias, activation=act, act_alpha=act_alpha,
                         act_beta=act_beta, config=config, tf32=tf32)
-        return [y.reshape(*a.shape[:-1], w.shape[1])]
+        return y.reshape(*a.shape[:-1], w.shape[1])
+
+    def run(inputs):
+        bias = inputs[2] if len(inputs) > 2 else None
+        return [rowwise(lambda a: rows(a, bias), inputs[0])]
 
     return run
 
