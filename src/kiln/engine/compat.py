@@ -105,8 +105,9 @@ def compare(header: dict, source: str = "plan") -> Report:
     else:
         cc = _cc(here.get("cc"))
         if cc is not None and cc < PORTABLE_MIN_CC:
+            sm = f"sm{PORTABLE_MIN_CC[0]}{PORTABLE_MIN_CC[1]}"
             report.blocking.append(f"cc: this GPU has compute capability {here.get('cc')}; the plan is "
-                                   f"hardware-compat portable, for sm{PORTABLE_MIN_CC[0]}{PORTABLE_MIN_CC[1]} and newer")
+                                   f"hardware-compat portable, for {sm} and newer")
         if card or cc_differs:
             report.notes.append(f"plan is hardware-compat portable and runs on this GPU ({here.get('name')!r}, "
                                 f"cc {here.get('cc')}), but was tuned on {built.get('name')!r} (cc {built.get('cc')})")
