@@ -17,7 +17,7 @@ import traceback
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 from onnx import TensorProto as T, helper, numpy_helper
 
 import kiln
@@ -56,8 +56,11 @@ CRASHES: list[str] = []
 def _only_kiln_errors(fn):
     """Run fn; a KilnError is a correct answer to bad input, anything else is a crash (recorded, then raised)."""
     try:
-        return fn()
-    except KilnError:
+        out = fn()
+        event("accepted")
+        return out
+    except KilnError as e:
+        event(f"refused: {type(e).__name__}")  # the mix shows in --hypothesis-show-statistics
         return None
     except Exception as e:
         CRASHES.append("".join(traceback.format_exception(e))[-3000:])
