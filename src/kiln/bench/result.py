@@ -30,6 +30,7 @@ class BenchResult:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     eager_reasons: dict[str, str] = field(default_factory=dict)
     clocks: dict | None = None
+    launch_gaps_hidden: bool = False
 
     @property
     def is_cuda(self) -> bool:
@@ -90,8 +91,12 @@ class BenchResult:
         if not self.is_cuda:
             out.append("CPU backend: queries run synchronously, so only compute (and host wall time) is measured; "
                        "there is no enqueue, H2D or D2H phase")
-        elif not self.data_transfers:
-            out.append("--no-data-transfers: inputs are already on the device and outputs stay there")
+        else:
+            if not self.data_transfers:
+                out.append("--no-data-transfers: inputs are already on the device and outputs stay there")
+            if self.launch_gaps_hidden:
+                out.append("GPU phases are timed with the GPU kept busy (a short spin kernel) while the host "
+                           "enqueues each query: they are the GPU's work, without waits for the host")
         out += [f"CUDA graph not used for inputs {sig}: {why}" for sig, why in self.eager_reasons.items()]
         return out
 
@@ -99,7 +104,8 @@ class BenchResult:
         phases = self.phases()
         return {"device": self.device, "warmup": self.warmup, "iterations": self.count, "batch": self.batch,
                 "streams": self.streams, "cuda_graph": self.cuda_graph, "data_transfers": self.data_transfers,
-                "spin_wait": self.spin_wait, "percentiles": list(self.percentiles),
+                "spin_wait": self.spin_wait,
+                "launch_gaps_hidden": self.launch_gaps_hidden, "percentiles": list(self.percentiles),
                 "latency_ms": phases["host"], "phases_ms": phases,
                 "total_host_wall_s": self.wall_s, "total_gpu_s": self.total_gpu_s(),
                 "throughput": {"queries_per_s": self.queries_per_s, "items_per_s": self.items_per_s},

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import torch
 
 from kiln.bench.clocks import read_clocks
-from kiln.bench.phases import IterationTimes, make_query
+from kiln.bench.phases import IterationTimes, make_query, sleep_cycles_per_ms
 from kiln.bench.result import BenchResult
 from kiln.bench.stats import DEFAULT_PERCENTILES
 from kiln.bench.timer import DEFAULT_DURATION_S, DEFAULT_ITERATIONS
@@ -34,6 +34,7 @@ class BenchOptions:
     data_transfers: bool = True          # False: inputs already on the device, outputs left there
     spin_wait: bool = False
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    hide_launch_gaps: bool = True        # keep the GPU busy while the host enqueues, so events time GPU work only
 
     def checked(self) -> "BenchOptions":
         """The options with the default stopping rule filled in; a bad value is a ConfigError."""
@@ -69,6 +70,8 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
         dev = engine.device.torch_device
         feeds = {k: to_device(as_torch(k, v)[0], dev) for k, v in feeds.items()}
     contexts = [ExecutionContext(engine, cuda_graph=opts.cuda_graph) for _ in range(opts.streams)]
+    cuda = engine.device.backend == "cuda"
+    cycles_per_ms = sleep_cycles_per_ms() if cuda and opts.hide_launch_gaps else None
     clock = _Clock(opts.duration)
     barrier = threading.Barrier(opts.streams, action=clock.start)
     results: list[list[IterationTimes]] = [[] for _ in contexts]
@@ -79,7 +82,7 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
         ctx = contexts[k]
         try:
             with torch.cuda.stream(ctx.stream) if ctx.stream is not None else contextlib.nullcontext():
-                query = make_query(ctx, feeds, k, opts.spin_wait)
+                query = make_query(ctx, feeds, k, opts.spin_wait, cycles_per_ms)
                 for _ in range(opts.warmup):
                     query(0.0)
                 barrier.wait()
@@ -107,11 +110,10 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
             t.join()
     if errors:
         raise errors[0]
-    cuda = engine.device.backend == "cuda"
     clocks = read_clocks(engine.device.torch_device) if cuda else None
     eager = {str(sig): why for ctx in contexts for sig, why in ctx.eager_reasons.items()}
     every = sorted((t for r in results for t in r), key=lambda t: t.start_ms)
     return BenchResult(every, max(ends) - clock.origin, batch, engine.device.torch_device, opts.warmup,
                        opts.streams, cuda_graph=any(c.graphs is not None and c.graphs.runs for c in contexts),
                        data_transfers=opts.data_transfers, spin_wait=opts.spin_wait, percentiles=opts.percentiles,
-                       eager_reasons=eager, clocks=clocks)
+                       eager_reasons=eager, clocks=clocks, launch_gaps_hidden=cycles_per_ms is not None)
