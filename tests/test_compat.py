@@ -108,12 +108,13 @@ def test_refusal_comes_from_the_header_before_the_payload_is_read(tmp_path):
 
 
 def test_retune_reruns_the_autotuner_with_cache_and_compat_class(tmp_path, monkeypatch):
-    p = _plan(tmp_path, hardware_compat="same-cc")
+    p = _plan(tmp_path, hardware_compat="same-cc", workspace_bytes=1 << 20)
     _rewrite_header(p, torch="1.0.0")
     seen = {}
 
-    def fake_tune(net, weights, device, level, tf32, cache, progress):
-        seen.update(layers=[l.name for l in net.layers], compat=device.hardware_compat, cache=cache, level=level)
+    def fake_tune(net, weights, device, level, tf32, cache, progress, workspace):
+        seen.update(layers=[l.name for l in net.layers], compat=device.hardware_compat, cache=cache, level=level,
+                    workspace=workspace)
         return {l.name: registry_choice() for l in net.layers}
 
     registry_choice = lambda: retune_mod.Choice(registry.REFERENCE, {}, 1.5, "timed")  # noqa: E731
@@ -121,6 +122,7 @@ def test_retune_reruns_the_autotuner_with_cache_and_compat_class(tmp_path, monke
     cache = tmp_path / "t.db"
     engine = kiln.load(p, policy="retune", timing_cache=cache)
     assert seen["layers"] == [l.name for l in engine.network.layers] and seen["compat"] == "same-cc"
+    assert seen["workspace"] == 1 << 20
     assert seen["level"] == 3 and engine.tactics[engine.network.layers[0].name].microseconds == 1.5
     assert engine.build_info["retune"]["layers"] == len(engine.network.layers)
     r = CliRunner().invoke(app, ["retune", str(p), "-o", str(tmp_path / "r.plan"), "--json"])

@@ -21,7 +21,8 @@ def retune(network: Network, config: BuildConfig, device: Device, old: dict[str,
     target = dataclasses.replace(device, hardware_compat=config.hardware_compat)
     cache = TimingCache(timing_cache) if timing_cache and device.backend == "cuda" else None
     weights = {k: to_device(v, device.torch_device) for k, v in network.constants.items()}
-    choices = tune(network, weights, target, config.opt_level, config.tf32, cache, progress or (lambda *a: None))
+    choices = tune(network, weights, target, config.opt_level, config.tf32, cache, progress or (lambda *a: None),
+                   config.workspace_bytes)
     changed = sum(1 for name, c in choices.items()
                   if name not in old or (old[name].tactic, old[name].config) != (c.tactic, c.config))
     info = {"device": device.name, "seconds": time.perf_counter() - start, "layers": len(choices),
