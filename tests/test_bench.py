@@ -219,3 +219,11 @@ def test_gpu_phases_add_up_and_pinned_io_round_trips(fixed):
     for t in r.iterations:
         assert t.gpu_ms == pytest.approx(t.h2d_ms + t.compute_ms + t.d2h_ms, rel=1e-3, abs=1e-3)
     assert r.phases()["enqueue"] is not None and r.total_gpu_s() > 0
+
+
+def test_separate_profile_run_profiles_after_the_timed_run(fixed):
+    result = invoke("bench", fixed, "--device", "cpu", "--iterations", "4", "--separate-profile-run", "--json")
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)
+    assert d["iterations"] == 4 and d["profile"]["separate_run"] and d["profile"]["iterations"] == 4
+    assert {r["layer"] for r in d["profile"]["layers"]} == {"mm1", "scale_up", "mm2"}
