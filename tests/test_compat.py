@@ -270,3 +270,25 @@ def test_safe_json_limits(tmp_path):
     with pytest.raises(ConfigError, match="not a regular file"):
         load_json(tmp_path / "link.json")
     assert Policy.parse("retune") is Policy.RETUNE
+
+
+@pytest.mark.gpu
+def test_gpu_portable_build_keeps_triton_configs_within_48k_and_retunes(tmp_path):
+    w = helper.make_tensor("w", T.FLOAT, [512, 512], np.random.default_rng(0).standard_normal(512 * 512) * 0.05)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [512, 512])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [512, 512])], initializer=[w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    cache = tmp_path / "t.db"
+    engine = kiln.build(model, kiln.BuildConfig(fp16=True, device="cuda", hardware_compat="portable",
+                                                timing_cache=str(cache)))
+    for choice in engine.tactics.values():
+        if "BLOCK_K" in choice.config:
+            assert gemm.smem_bytes(choice.config, 2) <= PORTABLE_SMEM
+    p = tmp_path / "p.plan"
+    engine.save(p)
+    assert planfile.read_header(p)["hardware_compat"] == "portable"
+    tuned = kiln.Engine.load(p, "retune", timing_cache=cache, force_retune=True)
+    assert tuned.build_info["retune"]["timing_cache"]["hits"] >= 1  # the build filled the cache
+    x = np.random.default_rng(1).standard_normal((512, 512)).astype(np.float32)
+    np.testing.assert_allclose(tuned.run({"x": x})["y"], engine.run({"x": x})["y"], rtol=2e-2, atol=2e-2)
