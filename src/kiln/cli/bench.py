@@ -108,9 +108,9 @@ def print_result(model: Path, engine: kiln.Engine, shapes: dict, result: BenchRe
 def bench(
     model: ModelPath,
     iterations: Annotated[Optional[int], typer.Option(
-        "--iterations", help="Timed queries per stream [default: 100, or as many as --duration allows].")] = None,
+        "--iterations", help="Timed queries per stream \\[default: 100, or as many as --duration allows].")] = None,
     duration: Annotated[Optional[float], typer.Option(
-        "--duration", help="Seconds to time for [default: up to 10]; with --iterations, the first limit reached "
+        "--duration", help="Seconds to time for \\[default: up to 10]; with --iterations, the first limit reached "
                            "ends the run.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed queries first, per stream.")] = 10,
     batch: Annotated[Optional[int], typer.Option(
@@ -119,7 +119,7 @@ def bench(
         "--streams", help="Execution contexts, one per CUDA stream, each queried from its own thread at once; "
                           "throughput is their aggregate.")] = 1,
     cuda_graph: Annotated[Optional[bool], typer.Option(
-        "--cuda-graph/--no-cuda-graph", help="Replay a captured CUDA graph per query [default: as built].")] = None,
+        "--cuda-graph/--no-cuda-graph", help="Replay a captured CUDA graph per query \\[default: as built].")] = None,
     no_data_transfers: Annotated[bool, typer.Option(
         "--no-data-transfers", help="Inputs already on the device, outputs left there: time the engine alone.")
                                  ] = False,
@@ -127,7 +127,7 @@ def bench(
         "--spin-wait", help="Poll for each query's end instead of a blocking wait (lower, steadier latency; "
                             "busy CPU).")] = False,
     percentiles: Annotated[Optional[str], typer.Option(
-        "--percentiles", help="Latency percentiles to report, e.g. 90,95,99 [default: 90,99].")] = None,
+        "--percentiles", help="Latency percentiles to report, e.g. 90,95,99 \\[default: 90,99].")] = None,
     dump_profile: Annotated[bool, typer.Option(
         "--dump-profile", help="Also time each layer, in a separate run, and print the slowest.")] = False,
     separate_profile_run: Annotated[bool, typer.Option(
@@ -138,7 +138,7 @@ def bench(
     export: ExportProfile = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Draw a latency histogram (and per-layer bars with --dump-profile) into this image "
-                       "(needs matplotlib: pip install 'kiln[plot]').")] = None,
+                       "(needs matplotlib: pip install 'kiln\\[plot]').")] = None,
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
