@@ -90,7 +90,8 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
                 while True:
                     pending.append(query(clock.origin))
                     done += 1
-                    if (opts.iterations is not None and done >= opts.iterations) or time.perf_counter() >= clock.deadline:
+                    counted_out = opts.iterations is not None and done >= opts.iterations
+                    if counted_out or time.perf_counter() >= clock.deadline:
                         break
                 ends[k] = time.perf_counter()
                 results[k] = [p() for p in pending]
