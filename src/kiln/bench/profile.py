@@ -61,8 +61,8 @@ class LayerProfile:
         return sorted(self.layers, key=lambda layer: layer.mean, reverse=True)
 
     def to_json(self) -> dict:
-        rows = [{"layer": t.name, "kind": t.kind, "precision": t.precision, "tactic": t.tactic, "time_ms": t.total, "mean_ms": t.mean,
-                 "median_ms": t.median, "percent": self.percent(t.mean)} for t in self.ranked()]
+        rows = [{"layer": t.name, "kind": t.kind, "precision": t.precision, "tactic": t.tactic, "time_ms": t.total,
+                 "mean_ms": t.mean, "median_ms": t.median, "percent": self.percent(t.mean)} for t in self.ranked()]
         return {"device": self.device, "iterations": self.iterations, "total_ms": self.total_ms,
                 "separate_run": True, "layers": rows}
 
