@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.builder.timing_cache import CachedChoice, TimingCache, environment_key
-from kiln.ir import Network
+from kiln.ir import DType, Network
 from kiln.tactics import registry
 from kiln.tactics.spec import LayerSpec, layer_spec
 
@@ -49,8 +49,9 @@ def _random_input(v, device) -> Any:
         return None
     if v.const is not None:
         return v.const
-    dt = v.dtype.torch
-    return (torch.randn(v.shape, device=device) * 0.5).to(dt)
+    if v.dtype is DType.BOOL:  # masks: mostly True, so rows with nothing attended stay rare
+        return torch.rand(v.shape, device=device) < 0.9
+    return (torch.randn(v.shape, device=device) * 0.5).to(v.dtype.torch)
 
 
 def _in_layout(inputs: list, spec: LayerSpec, config: dict) -> list:
@@ -138,9 +139,8 @@ class Autotuner:
             return Choice(registry.REFERENCE, rejected=refused)
         if fast[0].untimed:  # a view: nothing to time, and always at least as fast as the reference
             return Choice(fast[0].name, {}, None, "heuristic", refused)
-        if fast[0].untimed:  # a view: nothing to time, and always at least as fast as the reference
-            return Choice(fast[0].name, {}, None, "heuristic", refused)
         if not spec.static or any(v is not None and v.const is None and not v.dtype.is_float
+                                  and v.dtype is not DType.BOOL
                                   for v in spec.inputs if v is not None and v.dtype is not None):
             t = fast[0]  # no representative data to time or check with: priority decides
             return Choice(t.name, t.configs(spec, self.device, self.level)[0], None, "heuristic", refused)

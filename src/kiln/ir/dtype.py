@@ -144,6 +144,7 @@ _TORCH = {d: getattr(torch, d.value) for d in DType if d is not DType.STRING and
 _FROM_TORCH = {v: k for k, v in _TORCH.items()}
 _CARRIER = {_D.INT4: torch.int8, _D.INT2: torch.int8, _D.UINT4: torch.uint8, _D.UINT2: torch.uint8,
             _D.FP4E2M1: torch.uint8}
+_SHELL_CARRIER = {_SHELL[d]: _CARRIER[d] for d in _SHELL}
 _BITS = {_D.INT4: 4, _D.UINT4: 4, _D.FP4E2M1: 4, _D.INT2: 2, _D.UINT2: 2}
 
 _T = TensorProto
@@ -188,6 +189,19 @@ def to_numpy(tensor) -> np.ndarray:
     if dtype in _BY_VALUE:
         return _cpu(tensor.view(dtype.carrier)).astype(dtype.numpy)
     return _cpu(tensor)
+
+
+def shell_carrier(dtype: torch.dtype) -> torch.dtype | None:
+    """The byte-sized dtype holding a torch sub-byte shell dtype's values (int4 → int8), else None."""
+    return _SHELL_CARRIER.get(dtype)
+
+
+def move(tensor: torch.Tensor, device, non_blocking: bool = False) -> torch.Tensor:
+    """`tensor.to(device)`, also for torch's sub-byte shell dtypes, which torch can copy only as their carrier bytes."""
+    carrier = _SHELL_CARRIER.get(tensor.dtype)
+    if carrier is None:
+        return tensor.to(device, non_blocking=non_blocking)
+    return tensor.view(carrier).to(device, non_blocking=non_blocking).view(tensor.dtype)
 
 
 def _cpu(tensor: torch.Tensor) -> np.ndarray:

@@ -18,8 +18,11 @@ _UNSIGNED_WIDE = {torch.uint32: torch.int64, torch.uint64: torch.int64}
 
 def wide_compute(fn, *tensors: torch.Tensor) -> torch.Tensor:
     """Run fn on the tensors in a dtype torch computes in (fp32 for half types, int64 for unsigned
-    32/64-bit, whose wrap-around is the same modulo 2^64), and cast the result back."""
+    32/64-bit, whose wrap-around is the same modulo 2^64), and cast the result back. CUDA has no integer
+    matmul kernels: integer operands on the GPU are computed on the CPU and moved back."""
     dtype = tensors[0].dtype
+    if tensors[0].is_cuda and not (dtype.is_floating_point or dtype.is_complex):
+        return wide_compute(fn, *(t.cpu() for t in tensors)).to(tensors[0].device)
     if dtype == torch.uint64:
         return fn(*(t.view(torch.int64) for t in tensors)).view(torch.uint64)
     wide = _UNSIGNED_WIDE.get(dtype, compute_dtype(dtype))
