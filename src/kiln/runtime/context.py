@@ -14,7 +14,7 @@ import torch
 
 from kiln.errors import InputError, InternalError, KilnError
 from kiln.ir import Layer, Network, Tensor
-from kiln.ir.dtype import DType, to_numpy
+from kiln.ir.dtype import DType, move, to_numpy
 from kiln.kinds import run_reference
 from kiln.runtime.cuda_graph import GraphCache
 from kiln.runtime.io import as_torch, check_feeds, fetch, upload
@@ -65,7 +65,7 @@ def _first_line(e: Exception) -> str:
 def to_device(value: Any, device: torch.device | str) -> Any:
     """Move torch tensors (also inside sequences) to `device`; strings and None stay where they are."""
     if isinstance(value, torch.Tensor):
-        return value if value.device == torch.device(device) else value.to(device, non_blocking=True)
+        return value if value.device == torch.device(device) else move(value, device, non_blocking=True)
     if isinstance(value, list):
         return [to_device(v, device) for v in value]
     return value

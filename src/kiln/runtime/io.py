@@ -10,7 +10,7 @@ import torch
 from kiln.config import Profile
 from kiln.errors import InputError, ModelError
 from kiln.ir import DType, Tensor
-from kiln.ir.dtype import to_torch
+from kiln.ir.dtype import move, shell_carrier, to_torch
 
 
 # numpy dtypes torch.from_numpy takes as they are; others (ml_dtypes, strings) go through to_torch
@@ -108,7 +108,10 @@ def upload(value: Any, device: str | torch.device) -> Any:
     if not isinstance(value, torch.Tensor) or device.type != "cuda":
         return value
     if value.is_cuda:
-        return value.to(device)
+        return move(value, device)
+    carrier = shell_carrier(value.dtype)
+    if carrier is not None:  # torch copies its sub-byte shell dtypes only as their carrier bytes
+        return upload(value.view(carrier), device).view(value.dtype)
     staging = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
     staging.copy_(value)
     return staging.to(device, non_blocking=True)
