@@ -68,6 +68,9 @@ def find_scales(net: Network, config: BuildConfig, device, qdq: QuantScales | No
 def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | None = None,
                   calib_data: Any = None, keep_float: set[str] = frozenset()) -> tuple[list[str], dict]:
     """Run the int8 rewrite on `net` in place; (notes, build-info record)."""
+    pinned = set(config.layer_precisions)  # --layer-precision NAME=... keeps a layer out of int8
+    keep_float = set(keep_float) | {layer.name for layer in net.layers
+                                    if layer.name in pinned or pinned & set(layer.origin)}
     scales, where = find_scales(net, config, device, qdq, calib_data)
     if scales is None:
         return ["--int8: no scales, so no layer runs int8: give calibration data (--calib DATA), a calibration "
