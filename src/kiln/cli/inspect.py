@@ -17,6 +17,7 @@ from rich.table import Table
 from kiln.cli.errors import command, one_line
 from kiln.cli.options import Json, Verbose, is_onnx
 from kiln.cli.output import add_row, fmt_bytes, key_values, print_json, stdout
+from kiln.quant.report import layer_precisions, size_breakdown
 from kiln.engine import plan
 from kiln.engine.serialize import network_from_json
 from kiln.errors import ConfigError, KilnError, ModelError
@@ -94,12 +95,14 @@ def describe_plan(path: Path, header_only: bool) -> dict:
               for k, layer in enumerate(net.layers)]
     build = p.manifest.get("build") or {}
     config = p.manifest.get("config") or {}
+    for row, q in zip(layers, layer_precisions(net, build).values()):  # int8: where each layer's scales came from
+        row["scale_source"] = q["scale_source"]
     return {"file": str(path), "header": header, "config": config, "layers": layers,
             "memory": {"plan_bytes": path.stat().st_size,
                        "weight_bytes": net.weight_bytes() + sum(_bytes(list(x.attrs.values())) for x in net.layers),
                        "arena_bytes": (p.manifest.get("memory") or {}).get("arena_bytes"),
                        "workspace_limit_bytes": config.get("workspace_bytes")},
-            "size": _size_breakdown(path, p.tensors),
+            "size": _size_breakdown(path, p.tensors) | {"by_content": size_breakdown(net)},
             "totals": {"layers": len(layers), "onnx_nodes": build.get("onnx_nodes"),
                        "kinds": dict(collections.Counter(x.kind for x in net.layers).most_common()),
                        "passes": build.get("passes", {}), "notes": build.get("notes", [])}}
