@@ -104,6 +104,9 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
     if opts.streams == 1:
         worker(0)
     else:
+        for ctx in contexts:  # first runs (CUDA-graph captures) one context at a time, before the threads start
+            with torch.cuda.stream(ctx.stream) if ctx.stream is not None else contextlib.nullcontext():
+                make_query(ctx, feeds, 0, False, None)(0.0)
         threads = [threading.Thread(target=worker, args=(k,), name=f"kiln-bench-{k}") for k in range(opts.streams)]
         for t in threads:
             t.start()

@@ -115,6 +115,8 @@ def non_zero(inputs, attrs):
 def top_k(inputs, attrs):
     """The k largest (or smallest) along axis; equal values keep their input order, as ONNX requires."""
     x, k = inputs[0], ints(inputs[1])[0]
+    if x.is_cuda and x.dtype in (torch.uint16, torch.uint32, torch.uint64):  # CUDA cannot sort these
+        return tuple(t.to(x.device) for t in top_k([x.cpu(), inputs[1]], attrs))
     axis = axis_of(attrs.get("axis", -1), x.dim())
     values, order = torch.sort(x, dim=axis, descending=bool(attrs.get("largest", 1)), stable=True)
     return values.narrow(axis, 0, k), order.narrow(axis, 0, k)

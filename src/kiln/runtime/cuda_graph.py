@@ -7,6 +7,7 @@ be captured (a layer syncs with the host, say) stays eager for that signature, a
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import torch
@@ -23,9 +24,18 @@ def signature(inputs: dict[str, torch.Tensor]) -> Signature | None:
 
 
 class CapturedRun:
-    """One captured engine run with its static input and output buffers."""
+    """One captured engine run with its static input and output buffers.
+
+    Captures are serialized (one lock for every context of the process: the sync-debug mode of the warm-up
+    is process-wide) and thread-local, so other threads' contexts keep running while one captures."""
+
+    _capturing = threading.Lock()
 
     def __init__(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream):
+        with self._capturing:
+            self._capture(run, inputs, stream)
+
+    def _capture(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream) -> None:
         self.inputs = {k: v.clone() for k, v in inputs.items()}
         self.graph = torch.cuda.CUDAGraph()
         # warm-up on the side stream (lazy handles and workspaces are made outside capture); a layer that
@@ -38,7 +48,7 @@ class CapturedRun:
         finally:
             torch.cuda.set_sync_debug_mode(old)
         stream.synchronize()
-        with torch.cuda.graph(self.graph, stream=stream):
+        with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
             self.outputs = run(self.inputs)
 
     def replay(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
