@@ -22,6 +22,11 @@ from kiln.tactics.spec import LayerSpec, layer_spec
 REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
 CONFIGS_PER_TACTIC = {0: 1, 1: 1, 2: 2, 3: 8, 4: 32, 5: 1000}
 TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+# Quantized layers (int32 accumulation is exact in every tactic): a requantized int8 output may differ by
+# 1 LSB (an fp32 epilogue value one ulp apart lands on the other side of a .5); a dequantized fp32 output
+# by fp32 rounding (FMA contraction, activation approximations): rtol 1e-4 plus 1e-5 of the output's range.
+QUANTIZED = ("QuantConv", "QuantGemm")
+QUANT_INT8_LSB = 1
 
 
 @dataclass
@@ -49,6 +54,8 @@ def _random_input(v, device) -> Any:
         return None
     if v.const is not None:
         return v.const
+    if v.dtype is DType.INT8:  # quantized activations: spread over the whole int8 range, as calibrated ones are
+        return torch.randint(-127, 128, v.shape, device=device, dtype=torch.int8)
     if v.dtype is DType.BOOL:  # masks: mostly True, so rows with nothing attended stay rare
         return torch.rand(v.shape, device=device) < 0.9
     return (torch.randn(v.shape, device=device) * 0.5).to(v.dtype.torch)
@@ -64,7 +71,7 @@ def _in_layout(inputs: list, spec: LayerSpec, config: dict) -> list:
             for x, v in zip(inputs, spec.inputs)]
 
 
-def _close(got: list, want: list, tf32: bool) -> str | None:
+def _close(got: list, want: list, tf32: bool, quantized: bool = False) -> str | None:
     """None if `got` matches `want` output by output, else what differs."""
     for i, (g, w) in enumerate(zip(got, want)):
         if w is None:
@@ -75,6 +82,9 @@ def _close(got: list, want: list, tf32: bool) -> str | None:
         rtol, atol = TOLERANCE.get(w.dtype, (0, 0))
         if tf32 and w.dtype == torch.float32:
             rtol, atol = 1e-2, 1e-2
+        if quantized:
+            amax = w.float().abs().max().item() if w.numel() else 0.0
+            rtol, atol = (0, QUANT_INT8_LSB) if w.dtype == torch.int8 else (1e-4, 1e-5 * amax + 1e-6)
         if not torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol, equal_nan=True):
             err = (g.float() - w.float()).abs().max().item()
             return f"wrong result: output {i} differs by up to {err:.3g} (rtol {rtol}, atol {atol})"
@@ -141,6 +151,7 @@ class Autotuner:
             return Choice(fast[0].name, {}, None, "heuristic", refused)
         if not spec.static or any(v is not None and v.const is None and not v.dtype.is_float
                                   and v.dtype is not DType.BOOL
+                                  and not (v.dtype is DType.INT8 and spec.kind in QUANTIZED)
                                   for v in spec.inputs if v is not None and v.dtype is not None):
             t = fast[0]  # no representative data to time or check with: priority decides
             return Choice(t.name, t.configs(spec, self.device, self.level)[0], None, "heuristic", refused)
@@ -166,7 +177,7 @@ class Autotuner:
                     args = _in_layout(inputs, spec, config)
                     try:
                         kernel = tactic.compile(spec, config, self.device)
-                        why = _close(kernel(args), want, self.tf32)
+                        why = _close(kernel(args), want, self.tf32, spec.kind in QUANTIZED)
                         if not why and self.workspace is not None:
                             need = workspace_bytes(kernel, args)
                             if need > self.workspace:

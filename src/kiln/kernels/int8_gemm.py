@@ -1,0 +1,107 @@
+"""int8 GEMM with kiln's quantized epilogue fused (kinds/quantized.py has the exact arithmetic):
+
+    acc = A_q @ W_q (int32, tl.dot on int8);  y = fp32(acc) · (x_scale · w_scale[n]) + bias[n] + residual[m, n]
+    y = act(y);  out = y (fp32), or int8(clamp(round_half_even(y / out_scale), -127, 127))
+
+A is (M, K) int8, W is (K, N) int8 (any strides: a [N, K] weight is passed as its transpose view).
+Rounding half to even uses the fp32 add/subtract of 1.5·2²³ (exact for |v| ≤ 127); the division is IEEE
+(div_rn) on the GPU. Configs are the fp GEMM's tiles at int8 itemsize, BLOCK_K ≥ 32 (int8 MMA depth).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kiln.kernels import gemm
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate
+
+ROUND_MAGIC = 12582912.0  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
+MIN_BLOCK_K = 32
+
+
+@triton.jit
+def _div(y, s, EXACT: tl.constexpr):
+    if EXACT:
+        return tl.math.div_rn(y, s)
+    return y / s
+
+
+@triton.jit
+def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, act_alpha, act_beta,
+                      s_am, s_ak, s_wk, s_wn, s_rm, s_rn, s_cm, s_cn,
+                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr,
+                      EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a + (rm % M)[:, None] * s_am + rk[None, :] * s_ak
+    w_ptrs = w + rk[:, None] * s_wk + (rn % N)[None, :] * s_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - kb * BLOCK_K
+        x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0)
+        y = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0)
+        acc = tl.dot(x, y, acc, out_dtype=tl.int32)
+        a_ptrs += BLOCK_K * s_ak
+        w_ptrs += BLOCK_K * s_wk
+
+    inside = (rm < M)[:, None] & (rn < N)[None, :]
+    s = tl.load(scale + rn, mask=rn < N, other=0.0)
+    v = acc.to(tl.float32) * s[None, :]
+    if HAS_BIAS:
+        v += tl.load(bias + rn, mask=rn < N, other=0.0)[None, :]
+    if HAS_RES:
+        v += tl.load(res + rm[:, None] * s_rm + rn[None, :] * s_rn, mask=inside, other=0.0).to(tl.float32)
+    v = activate(v, ACT, act_alpha, act_beta)
+    if REQUANT:
+        q = _div(v, out_scale, EXACT_DIV)
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        q = (q + ROUND_MAGIC) - ROUND_MAGIC
+        tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, q.to(tl.int8), mask=inside)
+    else:
+        tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, v, mask=inside)
+
+
+def configs(m: int | None, n: int, k: int, smem: int, level: int) -> list[dict]:
+    """The fp GEMM's tile configs at int8 itemsize, with BLOCK_K raised to the int8 MMA depth."""
+    out = []
+    for cfg in gemm.configs(m, n, k, 1, smem, level):
+        cfg = dict(cfg, BLOCK_K=max(cfg["BLOCK_K"], MIN_BLOCK_K))
+        if gemm.smem_bytes(cfg, 1) <= smem and cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, *, out_scale: float | None = None, activation: str = "none",
+           act_alpha: float = 1.0, act_beta: float = 0.0, config: dict | None = None) -> torch.Tensor:
+    """The module docstring's epilogue over a (M, K) int8 @ w (K, N) int8; `scale` is fp32 [N] (x_scale · w_scale,
+    one fp32 product), bias fp32 [N], residual (M, N) any float type; int8 out when `out_scale` is given."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    (m, k), n = a.shape, w.shape[1]
+    cfg = config or configs(m, n, k, DEFAULT_SMEM, 1)[0]
+    c = torch.empty((m, n), dtype=torch.int8 if out_scale is not None else torch.float32, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    r = residual if residual is not None else c
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _int8_gemm_kernel[grid](a, w, scale, bias if bias is not None else scale, r, c, m, n, k,
+                            float(out_scale or 1.0), float(act_alpha), float(act_beta),
+                            a.stride(0), a.stride(1), w.stride(0), w.stride(1), r.stride(0), r.stride(1),
+                            c.stride(0), c.stride(1), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                            REQUANT=out_scale is not None, ACT=activation, EXACT_DIV=not INTERPRET,
+                            **{key: cfg[key] for key in gemm.CONFIG_KEYS})
+    return c

@@ -1,0 +1,60 @@
+"""QuantGemm and QuantConv through torch._int_mm (cuBLASLt int8 GEMM, int32 out), the epilogue in torch ops.
+
+_int_mm on CUDA needs A [M, K] with M > 16 and K, N multiples of 8: the weight is zero-padded to N, K
+multiples of 8 once at build time; A is zero-padded (rows to 32 when M ≤ 16, columns to K's multiple of 8)
+at run time, which costs a copy only for such layers (e.g. a first conv with 3 channels). The padding
+adds zeros to the integer sums, so results stay exact. The epilogue is the reference's own arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kiln.kinds.fused import activate
+from kiln.kinds.quantized import requantize
+from kiln.tactics import int8_lowering
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+
+MIN_ROWS = 17  # _int_mm needs M > 16
+
+
+def _round8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def int_mm(a: torch.Tensor, w_t: torch.Tensor, k: int) -> torch.Tensor:
+    """A [M, K] int8 @ w_t [K8, N8] int8 → int32 [M, N8], padding A to _int_mm's shape rules."""
+    m, k8 = a.shape[0], w_t.shape[0]
+    if k8 != k or m < MIN_ROWS:
+        a = F.pad(a, (0, k8 - k, 0, max(0, 32 - m) if m < MIN_ROWS else 0))
+    return torch._int_mm(a, w_t)[:m]
+
+
+def _compile(spec: LayerSpec, config, device):
+    form = int8_lowering.gemm_form(spec)
+    n, k = form.w.shape
+    w_t = F.pad(form.w, (0, _round8(k) - k, 0, _round8(n) - n)).t()  # [K8, N8] column-major, cuBLASLt's liking
+    scale, bias, attrs = form.scale, form.bias, spec.attrs
+    act, params, out_scale = attrs.get("activation", "none"), attrs.get("activation_params", []), attrs["out_scale"]
+    has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
+
+    def run(inputs):
+        x = inputs[0]
+        y = int_mm(form.rows(x), w_t, k)[:, :n].float() * scale
+        if bias is not None:
+            y = y + bias
+        if has_residual:
+            y = y + form.res_rows(inputs[4]).float()
+        y = activate(y, act, params)
+        return [form.back(y if out_scale is None else requantize(y, out_scale), x)]
+
+    return run
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    return int8_lowering.supports(spec)
+
+
+register(Tactic("torch_int_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10))

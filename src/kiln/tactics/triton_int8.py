@@ -1,0 +1,49 @@
+"""QuantGemm and QuantConv through the Triton int8 GEMM (kernels/int8_gemm.py): scales, bias, residual,
+activation and requantization fused into the GEMM's epilogue; tile configs pruned by shared memory."""
+
+from __future__ import annotations
+
+from kiln.kernels import int8_gemm
+from kiln.kernels.common import smem_limit
+from kiln.tactics import int8_lowering
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_common import rows
+from kiln.tactics.triton_gemm import _epilogue
+
+
+def _m(spec: LayerSpec) -> int | None:
+    x = spec.inputs[0]
+    if spec.kind == "QuantGemm":
+        return rows(x)
+    out = spec.outputs[0].shape
+    return out[0] * out[2] * out[3] if out and all(isinstance(d, int) for d in out) else None
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    w = spec.inputs[1].const
+    return int8_gemm.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device), level)
+
+
+def _compile(spec: LayerSpec, config, device):
+    form = int8_lowering.gemm_form(spec)
+    w = form.w.t()  # (K, N) view of the [N, K] weight
+    scale, bias, out_scale = form.scale, form.bias, spec.attrs["out_scale"]
+    act, act_alpha, act_beta = _epilogue(spec.attrs)
+    has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
+
+    def run(inputs):
+        x = inputs[0]
+        res = form.res_rows(inputs[4]) if has_residual else None
+        y = int8_gemm.matmul(form.rows(x), w, scale, bias, res, out_scale=out_scale, activation=act,
+                             act_alpha=act_alpha, act_beta=act_beta, config=config)
+        return [form.back(y, x)]
+
+    return run
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    return int8_lowering.supports(spec)
+
+
+register(Tactic("triton_int8_gemm", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=20))
