@@ -124,6 +124,14 @@ def test_6_shapes_that_cannot_match():
                   outputs=[helper.make_tensor_value_info("y", T.FLOAT, [1, 1, 6, 6])])
     with pytest.raises(ShapeError, match="conv0|Conv"):
         _build(conv)
+    # channels that disagree with the weight (found by the fuzzer): refused at build, never a failing kernel later
+    k3 = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "k3")
+    for channels in (0, 2):
+        conv_c = _model([helper.make_node("Conv", ["x", "k3"], ["y"], name="convc")], inits=[k3],
+                        inputs=[helper.make_tensor_value_info("x", T.FLOAT, [1, channels, 8, 8])],
+                        outputs=[helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 6, 6])])
+        with pytest.raises(ShapeError, match="convc"):
+            _build(conv_c)
 
 
 # 7 ------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ auto_pad is resolved into pads whenever the input's spatial shape is static.
 
 from __future__ import annotations
 
-from kiln.errors import UnsupportedOpError
+from kiln.errors import ShapeError, UnsupportedOpError
 from kiln.frontend.onnx.registry import ImportContext, OnnxNode, register, schema_defaults
 from kiln.kinds.conv import resolve_pads, transpose_pads
 
@@ -57,14 +57,30 @@ def _emit(node: OnnxNode, ctx: ImportContext, attrs: dict) -> None:
     ctx.emit(node, node.op_type, node.inputs, node.outputs, attrs)
 
 
+def _check_channels(node: OnnxNode, ctx: ImportContext, attrs: dict) -> None:
+    """Input channels must equal the weight's channels × group where both are known: a ShapeError at build,
+    not a failing kernel at run time."""
+    x, w = (ctx.network.tensors[n].shape for n in node.inputs[:2])
+    if x is None or w is None or len(x) < 2 or len(w) < 2:
+        return
+    c, wc, group = x[1], w[1], attrs.get("group", 1)
+    if isinstance(c, int) and isinstance(wc, int) and c != wc * group:
+        raise ShapeError(f"{node.where()}: the input has {c} channels but the weight takes {wc} × group {group} "
+                         f"= {wc * group}; fix the model's input shape or weights")
+
+
 @register("Conv", since=1)
 def conv(node: OnnxNode, ctx: ImportContext) -> None:
-    _emit(node, ctx, spatial_attrs(node, ctx, node.inputs[0], node.inputs[1]))
+    attrs = spatial_attrs(node, ctx, node.inputs[0], node.inputs[1])
+    _check_channels(node, ctx, attrs)
+    _emit(node, ctx, attrs)
 
 
 @register("ConvInteger", since=10)
 def conv_integer(node: OnnxNode, ctx: ImportContext) -> None:
-    _emit(node, ctx, spatial_attrs(node, ctx, node.inputs[0], node.inputs[1]))
+    attrs = spatial_attrs(node, ctx, node.inputs[0], node.inputs[1])
+    _check_channels(node, ctx, attrs)
+    _emit(node, ctx, attrs)
 
 
 @register("QLinearConv", since=10)
