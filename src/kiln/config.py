@@ -70,6 +70,8 @@ class BuildConfig:
     calib_cache: str | None = None      # calibration cache JSON: read when it fits, written after calibrating
     calib_batch: int = 16               # samples per calibration batch (the scales do not depend on it)
     calib_percentile: float = 99.99
+    accuracy: str | None = None         # --int8 accuracy budget, e.g. "cosine>=0.995" (kiln.quant.budget)
+    validation: str | None = None       # the budget's validation data (.npz or folder of NAME.npy)
     hardware_compat: str = "none"   # none | same-cc | portable: the devices the plan's tactics must be valid on
 
     def __post_init__(self):
@@ -90,7 +92,12 @@ class BuildConfig:
             raise ConfigError(f"unknown calibrator {self.calibrator!r}; choose one of {', '.join(CALIBRATORS)}")
         if self.calib_batch < 1 or not 0 < self.calib_percentile <= 100:
             raise ConfigError("calib_batch must be >= 1 and calib_percentile in (0, 100]")
-        for name in ("calib", "calib_cache"):
+        if self.accuracy is not None:
+            from kiln.quant.budget import AccuracyBudget
+            AccuracyBudget.parse(self.accuracy)
+            if not self.int8:
+                raise ConfigError("--accuracy chooses which layers run int8: add --int8 (and --calib DATA)")
+        for name in ("calib", "calib_cache", "validation"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, str(Path(getattr(self, name))))
         if self.timing_cache is not None:

@@ -17,9 +17,13 @@ from kiln.config import BuildConfig
 from kiln.engine import Engine
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
+from kiln.ir import Network
 from kiln.passes import PassContext, default_passes, run_passes
 from kiln.quant import apply_precision
+from kiln.quant.budget import copy_network, time_engines
+from kiln.quant.int8 import apply_int8
 from kiln.quant.int8_stage import quantize_int8
+from kiln.quant.scheme import QuantScales, TensorScale
 from kiln.quant.qdq import absorb_qdq, has_qdq
 from kiln.runtime.context import to_device
 from kiln.tactics.hardware_compat import HardwareCompat
@@ -68,7 +72,7 @@ def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
 
 
 def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfig | None = None,
-          progress: Progress | None = None, calib_data=None) -> Engine:
+          progress: Progress | None = None, calib_data=None, validation_data=None) -> Engine:
     """Build an engine for the best device present (or `config.device`) from an ONNX model."""
     config = config or BuildConfig()
     ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
@@ -101,11 +105,14 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
             ctx.notes.append(f"shapes: {learned} tensors' shapes learned from one run with the fixed input shapes")
             run_passes(net, default_passes(), pctx)
     int8_info: dict = {}
+    before_int8: list[Network] = []  # the float network, kept to time the all-int8 engine a budget deviates from
 
     def precision() -> list[str]:
         notes = []
         if config.int8:  # layers left float run in fp16 on the GPU, as TensorRT's --int8 --fp16
-            notes, record = quantize_int8(net, config, ctx.device, qdq, calib_data)
+            if config.accuracy and ctx.device.backend == "cuda":
+                before_int8.append(copy_network(net))
+            notes, record = quantize_int8(net, config, ctx.device, qdq, calib_data, validation_data=validation_data)
             int8_info.update(record)
         cuda_int8 = config.int8 and ctx.device.backend == "cuda" and not config.bf16
         return notes + apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
@@ -125,7 +132,30 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     engine = stage("plan", lambda: Engine(net, config, ctx.device, source_sha256=loaded.sha256, build_info=info,
                                           tactics=choices))
     engine.build_info["tactics"] = engine.tactic_summary()
+    if "budget" in int8_info:
+        int8_info["budget"]["cost"] = _fallback_cost(engine, before_int8, int8_info, cache)
     engine.build_info["stage_seconds"] = ctx.timings
     engine.build_info["build_seconds"] = time.perf_counter() - t0
     ctx.progress("done", len(STAGES), len(STAGES))
     return engine
+
+
+def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -> dict:
+    """What the accuracy budget's float layers cost: the chosen engine vs the all-int8 one, timed (CUDA only)."""
+    budget = record["budget"]
+    if not budget["fallbacks"]:
+        return {"note": "no layer fell back: nothing to time"}
+    if not before:
+        return {"note": "not timed: the CPU backend runs reference kernels, so its times say nothing of the GPU's"}
+    if any(v.get("source") == "Q/DQ" for v in record["tensors"].values()):
+        return {"note": "not timed for models with their own Q/DQ nodes"}
+    net, config = before[0], engine.config
+    scales = QuantScales({n: TensorScale(v["scale"], v["source"]) for n, v in record["tensors"].items()})
+    pinned = {n for n, r in record["layers"].items() if r["precision"] != "int8" and n not in budget["fallbacks"]}
+    apply_int8(net, scales, pinned)
+    apply_precision(net, replace(config, fp16=not config.bf16))
+    weights = {k: to_device(v, engine.device.torch_device) for k, v in net.constants.items()}
+    choices = tune(net, weights, engine.device, config.opt_level, config.tf32, cache, lambda *a: None,
+                   config.workspace_bytes)
+    all_int8 = Engine(net, config, engine.device, tactics=choices)
+    return time_engines({"chosen": engine, "all_int8": all_int8})

@@ -121,6 +121,11 @@ def build(
     calib_batch: Annotated[int, typer.Option("--calib-batch", help="Samples per calibration batch.")] = 16,
     calib_percentile: Annotated[float, typer.Option(
         "--calib-percentile", help="The percentile calibrator's percentile.")] = 99.99,
+    accuracy: Annotated[Optional[str], typer.Option(
+        "--accuracy", help="--int8 accuracy budget vs fp32: 'cosine>=X', 'max-rel<=X' or 'top1-agreement>=X'; "
+                           "the most sensitive layers stay float until it holds.")] = None,
+    validation: Annotated[Optional[Path], typer.Option(
+        "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, like --calib).")] = None,
     sign_key: Annotated[Optional[Path], typer.Option(
         "--sign-key", help="Sign the plan with this Ed25519 private key (from `kiln keygen`).")] = None,
     verbose: Verbose = False,
@@ -141,7 +146,8 @@ def build(
                               workspace_bytes=parse_memory_pools(memory_pool).get("workspace"),
                               hardware_compat=hardware_compat, calib=str(calib) if calib else None,
                               calibrator=calibrator, calib_cache=str(calib_cache) if calib_cache else None,
-                              calib_batch=calib_batch, calib_percentile=calib_percentile)
+                              calib_batch=calib_batch, calib_percentile=calib_percentile, accuracy=accuracy,
+                              validation=str(validation) if validation else None)
     key = load_private_key(sign_key) if sign_key else None  # a bad key fails before the build, not after
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)

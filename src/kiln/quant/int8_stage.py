@@ -14,6 +14,7 @@ from kiln.config import BuildConfig
 from kiln.errors import ConfigError
 from kiln.ir import Network
 from kiln.quant import calib_cache
+from kiln.quant.budget import AccuracyBudget, search, validation_batches
 from kiln.quant.calibrate import calibration_data, collect, scales_from
 from kiln.quant.int8 import apply_int8, candidates
 from kiln.quant.scheme import QuantScales
@@ -66,7 +67,8 @@ def find_scales(net: Network, config: BuildConfig, device, qdq: QuantScales | No
 
 
 def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | None = None,
-                  calib_data: Any = None, keep_float: set[str] = frozenset()) -> tuple[list[str], dict]:
+                  calib_data: Any = None, keep_float: set[str] = frozenset(),
+                  validation_data: Any = None) -> tuple[list[str], dict]:
     """Run the int8 rewrite on `net` in place; (notes, build-info record)."""
     pinned = set(config.layer_precisions)  # --layer-precision NAME=... keeps a layer out of int8
     keep_float = set(keep_float) | {layer.name for layer in net.layers
@@ -75,7 +77,30 @@ def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | 
     if scales is None:
         return ["--int8: no scales, so no layer runs int8: give calibration data (--calib DATA), a calibration "
                 "cache (--calib-cache FILE), or a model with Q/DQ nodes"], {}
-    return int8_rewrite(net, scales, where, keep_float)
+    if not config.accuracy:
+        return int8_rewrite(net, scales, where, keep_float)
+    source = validation_data if validation_data is not None else config.validation
+    held_out = source is not None
+    source = source if held_out else (calib_data if calib_data is not None else config.calib)
+    if source is None:
+        raise ConfigError("--accuracy needs validation data: give --validation DATA (a .npz or a folder of "
+                          "NAME.npy, like --calib)")
+    budget = AccuracyBudget.parse(config.accuracy)
+    feeds = validation_batches(net, source, config.calib_batch, device.torch_device)
+    fallbacks, found = search(net, scales, budget, feeds, device.torch_device, keep_float)
+    notes, record = int8_rewrite(net, scales, where, keep_float | fallbacks)
+    for name in found["fallbacks"]:
+        record["layers"][name]["reason"] = (f"kept in float by the accuracy budget ({budget.metric} "
+                                            f"{found['sensitivity'][name]:.6g} with only this layer float)")
+    found["data"] = "validation data" if held_out else "the calibration data (no --validation given)"
+    record["budget"] = found
+    notes.append(f"accuracy budget {budget}: all-int8 {budget.metric} {found['all_int8']:.6g} on "
+                 f"{found['samples']} samples of {found['data']}; "
+                 + (f"{len(found['fallbacks'])} most sensitive layers kept float "
+                    f"({', '.join(found['fallbacks'][:4])}{' …' if len(found['fallbacks']) > 4 else ''}) → "
+                    f"{found['achieved']:.6g}" if found["fallbacks"] else "met with every layer in int8")
+                 + ("" if found["met"] else "; NOT met even with every quantizable layer float"))
+    return notes, record
 
 
 def int8_rewrite(net: Network, scales: QuantScales, where: str, keep_float: set[str] = frozenset()):

@@ -27,7 +27,8 @@ def int8_summary(info: dict) -> dict:
             row["reason"] = r.get("reason")
         rows.append(row)
     return {"int8_layers": sum(r["precision"] == "int8" for r in rows), "quantizable_layers": len(rows),
-            "scales_from": rec.get("scales_from"), "layers": rows, "ranges": tensors}
+            "scales_from": rec.get("scales_from"), "layers": rows, "ranges": tensors,
+            **({"budget": rec["budget"]} if rec.get("budget") else {})}
 
 
 def ranges_table(tensors: dict) -> Table:

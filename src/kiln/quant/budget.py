@@ -1,0 +1,176 @@
+"""--accuracy "cosine>=0.995": keep the most sensitive quantized layers in float until the int8 network meets the
+budget on validation data.
+
+Metrics, int8 network vs the float network on the same validation samples, over every float output:
+  cosine          mean over samples (axis 0) of the cosine of each sample's flattened output; the worst output
+  max-rel         max |int8 − float| ÷ max |float| per output; the worst output
+  top1-agreement  share of rows whose argmax over the last axis agrees, on the first output
+Search: measure the all-int8 network; if it misses the budget, measure each quantized layer's sensitivity as the
+metric of the all-int8 network with only that layer in float, then return layers to float, most sensitive first,
+until the budget holds. Networks run on the reference executor (layers left float in fp32: the search measures the
+int8 error only).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from kiln.errors import ConfigError, InputError
+from kiln.ir import Network
+from kiln.quant.calibrate import _feeds, calibration_data
+from kiln.quant.int8 import apply_int8
+from kiln.quant.scheme import QuantScales
+from kiln.runtime.context import run_network
+
+METRICS = {"cosine": ">=", "max-rel": "<=", "top1-agreement": ">="}
+MAX_VALIDATION_BATCHES = 64
+
+
+@dataclass(frozen=True)
+class AccuracyBudget:
+    """One bound on one metric: `metric op bound`."""
+
+    metric: str
+    bound: float
+
+    @classmethod
+    def parse(cls, text: str) -> "AccuracyBudget":
+        m = re.fullmatch(r"\s*([a-z0-9-]+)\s*(>=|<=)\s*([0-9.eE+-]+)\s*", text or "")
+        if not m or m.group(1) not in METRICS or METRICS[m.group(1)] != m.group(2):
+            raise ConfigError(f"--accuracy {text!r} is not a budget kiln knows; write one of "
+                              + ", ".join(f"'{k}{op}X'" for k, op in METRICS.items()) + " (e.g. 'cosine>=0.995')")
+        try:
+            bound = float(m.group(3))
+        except ValueError:
+            raise ConfigError(f"--accuracy {text!r}: {m.group(3)!r} is not a number") from None
+        return cls(m.group(1), bound)
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric] == ">="
+
+    def holds(self, value: float) -> bool:
+        return value >= self.bound if self.higher_is_better else value <= self.bound
+
+    def __str__(self) -> str:
+        return f"{self.metric}{METRICS[self.metric]}{self.bound:g}"
+
+    def measure(self, want: list[list[torch.Tensor]], got: list[list[torch.Tensor]]) -> float:
+        """The metric over batches (outer list) of outputs (inner list)."""
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            t = t.detach().double().cpu()
+            return t.reshape(t.shape[0], -1) if t.dim() else t.reshape(1, 1)
+
+        if self.metric == "top1-agreement":
+            r, g = (torch.cat([b[0].detach().cpu().reshape(-1, b[0].shape[-1]) for b in x]) for x in (want, got))
+            return (r.argmax(-1) == g.argmax(-1)).double().mean().item()
+        per_output = []
+        for k, w in enumerate(want[0]):
+            if not (isinstance(w, torch.Tensor) and w.is_floating_point()):
+                continue
+            r, g = torch.cat([rows(b[k]) for b in want]), torch.cat([rows(b[k]) for b in got])
+            if self.metric == "cosine":
+                per_output.append(torch.nn.functional.cosine_similarity(g, r, dim=1, eps=1e-30).mean().item())
+            else:
+                per_output.append(((g - r).abs().max() / r.abs().max().clamp(min=1e-30)).item())
+        return min(per_output) if self.higher_is_better else max(per_output)
+
+
+def validation_batches(net: Network, source: Any, batch: int, device) -> list[dict[str, torch.Tensor]]:
+    """The validation data as device feeds (at most MAX_VALIDATION_BATCHES batches)."""
+    data = calibration_data(source, list(net.inputs), batch)
+    out = []
+    for b in data.batches:
+        out.append(_feeds(net, b, device))
+        if len(out) >= MAX_VALIDATION_BATCHES:
+            break
+    if not out:
+        raise InputError("the --validation data holds no samples; give at least one batch")
+    return out
+
+
+def copy_network(net: Network) -> Network:
+    """A copy of `net` sharing its constant tensors (the int8 rewrite adds constants, never edits them)."""
+    return copy.deepcopy(net, memo={id(v): v for v in net.constants.values()})
+
+
+class Search:
+    """Runs the float network once and int8 variants of it (`keep` in float) on the validation feeds."""
+
+    def __init__(self, net: Network, scales: QuantScales, budget: AccuracyBudget, feeds: list[dict], device,
+                 pinned: set[str]):
+        self.net, self.scales, self.budget, self.feeds, self.device = net, scales, budget, feeds, device
+        self.pinned = set(pinned)
+        self.want = self.run(net)
+        self.runs = 0
+
+    def run(self, net: Network) -> list[list[torch.Tensor]]:
+        with torch.no_grad():
+            return [[o.float() if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                     for o in run_network(net, [f[n] for n in net.inputs], self.device)] for f in self.feeds]
+
+    def value(self, keep: set[str]) -> tuple[float, list[str]]:
+        """The metric with the layers in `keep` (and the pinned ones) float; the layers that ran int8."""
+        net = copy_network(self.net)
+        result = apply_int8(net, self.scales, keep | self.pinned)
+        self.runs += 1
+        return self.budget.measure(self.want, self.run(net)), result.int8
+
+
+def search(net: Network, scales: QuantScales, budget: AccuracyBudget, feeds: list[dict], device,
+           pinned: set[str] = frozenset(), progress: Callable[[str], None] = lambda s: None) -> tuple[set[str], dict]:
+    """(layers to keep float, the record for build info / inspect)."""
+    s = Search(net, scales, budget, feeds, device, pinned)
+    all_int8, layers = s.value(set())
+    record = {"budget": str(budget), "samples": sum(next(iter(f.values())).shape[0] for f in feeds),
+              "all_int8": all_int8, "fallbacks": [], "sensitivity": {}}
+    if budget.holds(all_int8) or not layers:
+        record |= {"achieved": all_int8, "met": budget.holds(all_int8)}
+        return set(), record
+    for i, name in enumerate(layers):
+        progress(f"sensitivity {i + 1}/{len(layers)}")
+        record["sensitivity"][name] = s.value({name})[0]
+    sign = -1 if budget.higher_is_better else 1
+    order = sorted(layers, key=lambda n: sign * record["sensitivity"][n])
+    keep: set[str] = set()
+    value = all_int8
+    for name in order:
+        keep.add(name)
+        record["fallbacks"].append(name)
+        value = s.value(keep)[0]
+        if budget.holds(value):
+            break
+    record |= {"achieved": value, "met": budget.holds(value), "evaluations": s.runs}
+    return keep, record
+
+
+def time_engines(engines: dict[str, Any], repeats: int = 20) -> dict:
+    """Median CUDA-event milliseconds of one run of each engine (same random inputs; static shapes), and the
+    chosen engine's cost over the all-int8 one."""
+    first = next(iter(engines.values()))
+    g = torch.Generator().manual_seed(0)
+    feeds = {t.name: (torch.randn(t.shape, generator=g) if t.dtype.is_float else torch.zeros(t.shape))
+             .to(t.dtype.torch).to(first.device.torch_device) for t in first.inputs}
+    out = {}
+    for name, engine in engines.items():
+        ctx = engine.create_context()
+        for _ in range(3):
+            ctx.run(feeds)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            ctx.run(feeds)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        out[f"{name}_ms"] = statistics.median(times)
+    if "chosen_ms" in out and "all_int8_ms" in out:
+        out["fallback_cost_ms"] = out["chosen_ms"] - out["all_int8_ms"]
+    return out
