@@ -97,3 +97,15 @@ def test_cli_accuracy_budget(tmp_path):
     assert b["met"] and b["achieved"] <= 0.05 and len(b["fallbacks"]) >= 1
     r = CliRunner().invoke(app, args[:-5] + ["--accuracy", "cosine=0.9"])
     assert r.exit_code != 0 and "--accuracy" in r.output
+
+
+@pytest.mark.gpu
+def test_gpu_budget_times_the_fallback_cost(tmp_path):
+    """On CUDA the chosen engine and the all-int8 one are both built and timed."""
+    _, path = _outlier_mlp(tmp_path)
+    eng = kiln.build(path, kiln.BuildConfig.with_shapes({"x": (64, 16)}, device="cuda", int8=True,
+                                                        calib=str(tmp_path / "calib.npz"), calibrator="minmax",
+                                                        accuracy="cosine>=0.995",
+                                                        validation=str(tmp_path / "val.npz")))
+    cost = eng.build_info["int8"]["budget"]["cost"]
+    assert cost["chosen_ms"] > 0 and cost["all_int8_ms"] > 0 and "fallback_cost_ms" in cost

@@ -58,3 +58,17 @@ def test_cli_build_int8_with_calibration_and_cache(tmp_path):
     # a bad calibrator name is one clear error, no traceback
     r = CliRunner().invoke(app, args[:7] + ["--calibrator", "kl"])
     assert r.exit_code != 0 and "unknown calibrator" in r.output and "Traceback" not in r.output
+
+
+def test_cli_inspect_table_shows_precision_scale_source_and_size_by_content(tmp_path):
+    path = _model(tmp_path)
+    int8 = kiln.build(path, kiln.BuildConfig(device="cpu", int8=True, calib=str(tmp_path / "calib.npz"),
+                                             calibrator="minmax"))
+    int8.save(tmp_path / "i.plan")
+    r = CliRunner().invoke(app, ["inspect", str(tmp_path / "i.plan")], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert r.output.count("scales: calibrated (minmax)") == 3
+    sizes = size_breakdown(int8.network)
+    for key in ("int8 weights", "fp32 weights", "scales", "other"):
+        assert f"weights by content: {key}" in r.output
+    assert sizes["int8 weights"] > 0

@@ -195,7 +195,8 @@ def print_plan(d: dict) -> None:
         table.add_column(col, overflow="fold", no_wrap=col in ("#", "precision", "weights", "tactic"))
     for row in d["layers"]:
         layout = "" if row["format"] == "linear" else f"\n({row['format']})"  # linear is the rule; say exceptions
-        add_row(table, row["index"], row["name"], row["kind"], row["precision"], ", ".join(row["origin"]),
+        scales = f"\nscales: {row['scale_source']}" if row.get("scale_source") else ""  # int8: calibrated / Q/DQ
+        add_row(table, row["index"], row["name"], row["kind"], row["precision"] + scales, ", ".join(row["origin"]),
                 _shapes(row["inputs"]), _shapes(row["outputs"]) + layout, fmt_bytes(row["weight_bytes"]),
                 _tactic(row))
     stdout().print(table)
@@ -206,6 +207,7 @@ def print_plan(d: dict) -> None:
             ("  header", fmt_bytes(z["header"])), ("  manifest (layers, tactics, config)", fmt_bytes(z["manifest"])),
             *((f"  weights {dtype}", fmt_bytes(n)) for dtype, n in z["weights_by_dtype"].items()),
             ("  other (weights index, padding)", fmt_bytes(z["other"])),
+            *((f"weights by content: {k}", fmt_bytes(n)) for k, n in z.get("by_content", {}).items()),
             ("weights on the device", fmt_bytes(m["weight_bytes"])), ("activation arena", arena),
             ("workspace", f"at most {fmt_bytes(workspace)} per kernel" if workspace is not None
              else "no limit set (kernels take what their library asks for)"),
