@@ -26,6 +26,10 @@ EXCLUDED: dict[str, str] = {
     r"^test_attention_4d_causal_fp16_expanded" + _DEVICE:
         "fp16 rounding: kiln's fp16 MatMul accumulates in fp32 and rounds once; the expected data differs "
         "by one fp16 ulp (4.9e-4) in 2 of 192 values (ONNX Runtime misses by the same amount)",
+    r"^test_attention_4d(_causal)?_fp16_cuda$":
+        "fp16 rounding on CUDA: the fused attention kernels keep QK^T and the softmax in fp32 and round once; "
+        "the expected data differs by one fp16 ulp (4.9e-4) in 1-2 of 192 values, just over the test's rtol "
+        "of 1e-3 (measured on an H100, 2026-11-23)",
     r"^test_loop16_seq_none" + _DEVICE:
         "harness limitation: onnx's assert_similar_outputs calls len() on a 0-d array inside the output "
         "sequence and raises TypeError before comparing values",
