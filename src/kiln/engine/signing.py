@@ -11,9 +11,14 @@ import json
 import os
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+try:  # signing is optional: a machine without `cryptography` loads and runs unsigned plans
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+except ImportError as e:  # pragma: no cover - exercised only where the package is missing
+    _MISSING = e
+else:
+    _MISSING = None
 
 from kiln.errors import ConfigError, SignatureError
 
@@ -40,8 +45,15 @@ def _read_key_file(path: str | os.PathLike, what: str) -> bytes:
     return path.read_bytes()
 
 
+def _need_cryptography() -> None:
+    if _MISSING is not None:
+        raise ConfigError(f"plan signing needs the `cryptography` package, which does not import here ({_MISSING}); "
+                          "install it with `pip install cryptography`")
+
+
 def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
     """An unencrypted Ed25519 private key in PEM (as `kiln keygen` writes it)."""
+    _need_cryptography()
     try:
         key = serialization.load_pem_private_key(_read_key_file(path, "signing key"), password=None)
     except (ValueError, TypeError) as e:
@@ -54,6 +66,7 @@ def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
 
 def load_public_key(key: str | os.PathLike | Ed25519PublicKey) -> Ed25519PublicKey:
     """An Ed25519 public key: a PEM file path, or a key object."""
+    _need_cryptography()
     if isinstance(key, Ed25519PublicKey):
         return key
     try:
@@ -68,6 +81,7 @@ def load_public_key(key: str | os.PathLike | Ed25519PublicKey) -> Ed25519PublicK
 
 def generate(path: str | os.PathLike) -> tuple[Path, Path]:
     """Write a new key pair: `path` (private, 0600) and `path`.pub; never overwrites an existing file."""
+    _need_cryptography()
     private, public = Path(path), Path(str(path) + ".pub")
     for p in (private, public):
         if p.exists() or p.is_symlink():
