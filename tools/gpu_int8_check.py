@@ -1,7 +1,7 @@
 """On CUDA: kiln int8 (and fp16) engines vs fp32 torch for accuracy, vs the fp32 engine for size, and vs torch fp16
 eager and torch.compile(mode="reduce-overhead") for speed, all in one run.
 
-    PYTHONPATH=src python tools/gpu_int8_check.py --out DIR [--budget-seconds 280] [--models resnet50,minilm,bert]
+    PYTHONPATH=src python tools/gpu_int8_check.py --out DIR [--budget-seconds 240] [--models resnet50,minilm,bert]
                                                  [--batches 64,1] [--opt-level 2] [--calibrator entropy]
 
 Models (benchmarks/models.py, random weights): ResNet-50 (BatchNorm statistics calibrated on random images, so
@@ -163,38 +163,43 @@ def fp32_plan_bytes(path: Path, inputs: dict) -> dict:
     return {"plan_bytes": len(engine.serialize())}
 
 
-def check_model(name: str, args, budget: Budget, rows: list, save) -> None:
+def prepare_model(name: str, args, budget: Budget) -> dict:
+    """The model, its ONNX export and its fp32 plan size, made once for all batches."""
     spec, made = make_model(name, args.size_of(SPECS[name]))
     size = args.size_of(spec)
     path, _ = onnx_file(spec, made, size, args.cache)
     fp32 = budget.run(f"fp32-plan {name}", lambda: fp32_plan_bytes(path, spec.inputs(1, size)))
-    for batch in args.batches:
-        inputs = spec.inputs(batch, size, seed=1)
-        row = {"model": name, "batch": batch, "size": size, "fp32_plan_bytes": fp32.get("plan_bytes")}
-        rows.append(row)
-        want = budget.run(f"torch-fp32 {name} b{batch}", lambda: {"outputs": fp32_reference(made, inputs, args.device)})
-        if "outputs" not in want:
-            row["error"] = f"torch fp32 reference: {want}"
-            save()
-            continue
-        for precision in args.precisions:
-            row[f"kiln_{precision}"] = r = budget.run(
-                f"kiln-{precision} {name} b{batch}",
-                lambda: build_kiln(spec, path, inputs, want["outputs"], precision, args))
-            if r.get("plan_bytes") and fp32.get("plan_bytes"):
-                r["size_vs_fp32"] = r["plan_bytes"] / fp32["plan_bytes"]
-            save()
-        for peer in args.peers:
-            row[f"torch_{peer}_fp16"] = budget.run(f"{peer} {name} b{batch}",
-                                                   lambda: bench_peer(peer, spec, made, inputs, args))
-            save()
-        best = min((v["median_ms"] for k, v in row.items() if k.startswith("torch_") and "median_ms" in v),
-                   default=None)
-        for precision in args.precisions:
-            r = row.get(f"kiln_{precision}", {})
-            if best and r.get("median_ms"):
-                r["speedup_vs_best_torch_fp16"] = best / r["median_ms"]
+    return {"spec": spec, "made": made, "size": size, "path": path, "fp32": fp32}
+
+
+def check_row(name: str, m: dict, batch: int, args, budget: Budget, rows: list, save) -> None:
+    spec, made, size, path, fp32 = m["spec"], m["made"], m["size"], m["path"], m["fp32"]
+    inputs = spec.inputs(batch, size, seed=1)
+    row = {"model": name, "batch": batch, "size": size, "fp32_plan_bytes": fp32.get("plan_bytes")}
+    rows.append(row)
+    want = budget.run(f"torch-fp32 {name} b{batch}", lambda: {"outputs": fp32_reference(made, inputs, args.device)})
+    if "outputs" not in want:
+        row["error"] = f"torch fp32 reference: {want}"
         save()
+        return
+    for precision in args.precisions:
+        row[f"kiln_{precision}"] = r = budget.run(
+            f"kiln-{precision} {name} b{batch}",
+            lambda: build_kiln(spec, path, inputs, want["outputs"], precision, args))
+        if r.get("plan_bytes") and fp32.get("plan_bytes"):
+            r["size_vs_fp32"] = r["plan_bytes"] / fp32["plan_bytes"]
+        save()
+    for peer in args.peers:
+        row[f"torch_{peer}_fp16"] = budget.run(f"{peer} {name} b{batch}",
+                                               lambda: bench_peer(peer, spec, made, inputs, args))
+        save()
+    best = min((v["median_ms"] for k, v in row.items() if k.startswith("torch_") and "median_ms" in v),
+               default=None)
+    for precision in args.precisions:
+        r = row.get(f"kiln_{precision}", {})
+        if best and r.get("median_ms"):
+            r["speedup_vs_best_torch_fp16"] = best / r["median_ms"]
+    save()
 
 
 def table(rows: list) -> str:
@@ -226,7 +231,7 @@ def table(rows: list) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--budget-seconds", type=float, default=280.0)
+    p.add_argument("--budget-seconds", type=float, default=240.0)
     p.add_argument("--models", default="resnet50,minilm,bert")
     p.add_argument("--batches", default="64,1")
     p.add_argument("--precisions", default="int8,fp16")
@@ -256,16 +261,20 @@ def main(argv=None) -> int:
     def save():
         (args.out / "gpu_int8_check.json").write_text(json.dumps(info | {"rows": rows}, indent=1, default=str))
 
-    for name in args.models:
-        if not budget.allows("model"):
-            rows.append({"model": name, "batch": 0, "error": "skipped: budget spent"})
-            continue
-        try:
-            check_model(name, args, budget, rows, save)
-        except Exception as e:  # the model itself could not be made or exported: the next one still runs
-            print(traceback.format_exc()[-3000:], file=sys.stderr, flush=True)
-            rows.append({"model": name, "batch": 0, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-        save()
+    models: dict[str, dict] = {}
+    for batch in args.batches:  # every model at the first batch (64: the throughput targets) before the next
+        for name in args.models:
+            if not budget.allows("kiln-int8"):
+                rows.append({"model": name, "batch": batch, "error": "skipped: budget spent"})
+                continue
+            try:
+                if name not in models:
+                    models[name] = prepare_model(name, args, budget)
+                check_row(name, models[name], batch, args, budget, rows, save)
+            except Exception as e:  # the model could not be made or exported: the next one still runs
+                print(traceback.format_exc()[-3000:], file=sys.stderr, flush=True)
+                rows.append({"model": name, "batch": batch, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            save()
     info["seconds"] = budget.elapsed
     save()
     print(f"\nwrote {args.out / 'gpu_int8_check.json'} ({budget.elapsed:.0f} s)\n")
