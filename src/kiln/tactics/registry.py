@@ -36,7 +36,6 @@ class Tactic:
     priority: int = 50
     backends: tuple[str, ...] = ("cuda",)
     untimed: bool = False  # costs no device time (a view): taken without timing when it supports the layer
-    untimed: bool = False  # costs no device time (a view): taken without timing when it supports the layer
     arch_specific: bool = False
     card_specific: bool = False
 
