@@ -1,0 +1,95 @@
+"""Where the time goes in the suite's fp16 engines: each layer timed on its own (CUDA events, eager), summed by
+kind and tactic, next to the engine's CUDA-graph latency, for the benchmark rows still behind their target.
+
+    PYTHONPATH=src python tools/gpu_profile_rows.py --out DIR [--rows mobilenet_v2:64,vit_b_16:64,bert:1]
+
+Writes DIR/profile-rows.json; prints the top kinds of each row last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import kiln  # noqa: E402
+from benchmarks.models import SPECS, instantiate, onnx_file  # noqa: E402
+from kiln.bench.profile import profile_layers  # noqa: E402
+
+
+def graph_ms(ctx, feeds, n: int = 50) -> float:
+    for _ in range(5):
+        ctx.run(feeds)
+    times = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        ctx.run(feeds)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def profile_row(name: str, batch: int, cache: Path) -> dict:
+    spec = SPECS[name]
+    made = instantiate(spec, spec.default_size)
+    path, _ = onnx_file(spec, made, spec.default_size, cache)
+    feeds = {k: v.cuda() for k, v in spec.inputs(batch, spec.default_size).items()}
+    config = kiln.BuildConfig.with_shapes({k: tuple(v.shape) for k, v in feeds.items()}, device="cuda", fp16=True,
+                                          timing_cache=str(cache / "profile-timing.db"))
+    engine = kiln.build(path, config)
+    prof = profile_layers(engine, feeds, iterations=10)
+    groups: dict = collections.defaultdict(lambda: [0, 0.0])
+    for t in prof.layers:
+        g = groups[(t.kind, t.tactic)]
+        g[0] += 1
+        g[1] += t.mean
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])
+    return {"model": name, "batch": batch, "graph_ms": graph_ms(engine.create_context(), feeds),
+            "eager_sum_ms": prof.total_ms, "layers": len(prof.layers),
+            "by_kind": [{"kind": k, "tactic": tac, "layers": n, "ms": ms, "percent": prof.percent(ms)}
+                        for (k, tac), (n, ms) in ranked],
+            "slowest": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean}
+                        for t in prof.ranked()[:5]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rows", default="mobilenet_v2:64,vit_b_16:64,bert:1,resnet50:1")
+    ap.add_argument("--cache", type=Path, default=Path(".kiln-cache/benchmarks"))
+    ap.add_argument("--budget-seconds", type=float, default=200)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    start, rows = time.perf_counter(), []
+    for item in args.rows.split(","):
+        if time.perf_counter() - start > args.budget_seconds:
+            rows.append({"row": item, "skipped": "over the time budget"})
+            continue
+        name, batch = item.split(":")
+        try:
+            rows.append(profile_row(name, int(batch), args.cache))
+        except Exception as e:  # noqa: BLE001 - a profile reports, it does not stop
+            rows.append({"row": item, "error": f"{type(e).__name__}: {e}"[:500]})
+        (args.out / "profile-rows.json").write_text(json.dumps({"device": torch.cuda.get_device_name(0),
+                                                                "rows": rows}, indent=1))
+    for r in rows:
+        if "by_kind" not in r:
+            print(r)
+            continue
+        print(f"\n{r['model']} b{r['batch']}: graph {r['graph_ms']:.3f} ms, eager layer sum {r['eager_sum_ms']:.3f} ms, "
+              f"{r['layers']} layers")
+        for g in r["by_kind"][:7]:
+            print(f"  {g['percent']:5.1f}%  {g['ms']:7.3f} ms  {g['layers']:4d} × {g['kind']} [{g['tactic']}]")
+
+
+if __name__ == "__main__":
+    main()
