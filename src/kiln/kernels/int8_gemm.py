@@ -17,7 +17,7 @@ import triton.language as tl
 from kiln.kernels import gemm
 from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate
 
-ROUND_MAGIC = 12582912.0  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
 MIN_BLOCK_K = 32
 
 
