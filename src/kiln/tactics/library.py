@@ -9,6 +9,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     torch_norm,
     torch_pool,
     triton_attention,
+    triton_conv,
     triton_gemm,
     triton_int8,
     triton_norm,

@@ -1,0 +1,58 @@
+"""Conv and FusedConv (bias, residual, activation) through the Triton implicit-GEMM kernel (kernels/conv.py):
+2-D, group 1, constant weights; reads any input layout, writes NHWC, so its configs are timed as NHWC."""
+
+from __future__ import annotations
+
+from kiln.kernels import conv
+from kiln.kernels.common import smem_limit
+from kiln.tactics.common import rank
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_common import io_reason
+from kiln.tactics.triton_gemm import _FUSED_ACTS, _epilogue
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    a, w = spec.attrs, spec.inputs[1]
+    if w is None or w.const is None:
+        return "weights are not a build-time constant"
+    if rank(spec.inputs[0]) != 4 or len(a.get("kernel_shape", ())) != 2:
+        return "only 2-D convolutions"
+    if a.get("group", 1) != 1:
+        return "grouped and depthwise convolutions"
+    if a.get("auto_pad", "NOTSET") != "NOTSET":
+        return "pads are not explicit (input shape unknown at build)"
+    if a.get("activation", "none") not in _FUSED_ACTS:
+        return f"activation {a['activation']!r} has no Triton epilogue"
+    values = [v for v in (*spec.inputs, spec.outputs[0]) if v is not None]
+    if len(spec.inputs) > 2 and spec.inputs[2] is not None and rank(spec.inputs[2]) != 1:
+        return "bias is not 1-D"
+    return io_reason(spec, values, device)
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    x, out = spec.inputs[0].shape, spec.outputs[0].shape
+    m = out[0] * out[2] * out[3] if out and all(isinstance(d, int) for d in (out[0], out[2], out[3])) else None
+    co, c = spec.inputs[1].const.shape[:2]
+    cfgs = conv.configs(m, co, c, spec.outputs[0].dtype.torch.itemsize, smem_limit(device), level)
+    return [{"layout": "nhwc", **cfg} for cfg in cfgs]
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    w = conv.pack_weight(spec.inputs[1].const)
+    kernel, strides, dilations = tuple(a["kernel_shape"]), tuple(a["strides"]), tuple(a["dilations"])
+    pads = [a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3]]
+    act, act_alpha, act_beta = _epilogue(a) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
+    tiles = {k: config[k] for k in conv.CONFIG_KEYS}
+    tf32 = spec.tf32
+
+    def run(inputs):
+        x, _, bias, residual = (list(inputs) + [None] * 4)[:4]
+        return [conv.conv2d(x, w, kernel, strides, pads, dilations, bias, residual, activation=act,
+                            act_alpha=act_alpha, act_beta=act_beta, config=tiles, tf32=tf32)]
+
+    return run
+
+
+register(Tactic("triton_conv", ("Conv", "FusedConv"), _compile, _supports, _configs, priority=30))
