@@ -23,6 +23,7 @@ import torch
 
 from kiln.errors import ConfigError, InputError
 from kiln.ir import Network
+from kiln.quant.batching import fitted
 from kiln.quant.calibrate import _feeds, calibration_data
 from kiln.quant.int8 import apply_int8
 from kiln.quant.scheme import QuantScales
@@ -86,8 +87,8 @@ def validation_batches(net: Network, source: Any, batch: int, device) -> list[di
     """The validation data as device feeds (at most MAX_VALIDATION_BATCHES batches)."""
     data = calibration_data(source, list(net.inputs), batch)
     out = []
-    for b in data.batches:
-        out.append(_feeds(net, b, device))
+    for feeds in fitted(net, (_feeds(net, b, device) for b in data.batches), "validation"):
+        out.append(feeds)
         if len(out) >= MAX_VALIDATION_BATCHES:
             break
     if not out:

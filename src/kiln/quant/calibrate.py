@@ -3,7 +3,8 @@
 Data: a `.npz` file or a folder of `NAME.npy` files (one array per network input, samples along axis 0,
 read without pickle and fed `batch` samples at a time), a single `.npy` for a one-input network, or
 (Python API) any iterable of {input name: array} dicts. The scales do not depend on the batch size
-(histogram.py); `data_sha256` identifies the data in the calibration cache.
+(histogram.py); batches are re-batched to a network built for a fixed batch (batching.py);
+`data_sha256` identifies the data in the calibration cache.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from kiln.errors import InputError
 from kiln.ir import Network
 from kiln.quant import calibrators
+from kiln.quant.batching import fitted
 from kiln.quant.histogram import Histogram
 from kiln.quant.scheme import TensorScale, scale_from_amax
 
@@ -132,10 +134,14 @@ def collect(net: Network, data: CalibrationData, observe: set[str], device: torc
         return InputError(f"calibration failed in layer {layer.name!r} ({layer.kind}): {str(e).splitlines()[0]}; "
                           "check that the calibration data have the shapes and dtypes the model expects")
 
-    for batch in data.batches:
-        feeds = _feeds(net, batch, device)
-        data.add(feeds)
-        data.samples += next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).dim() else 1
+    def given():
+        for batch in data.batches:
+            feeds = _feeds(net, batch, device)
+            data.add(feeds)  # hashed and counted as given, before re-batching
+            data.samples += next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).dim() else 1
+            yield feeds
+
+    for feeds in fitted(net, given()):
         values = dict(consts) | feeds
         with torch.inference_mode():
             run_layers(net, values, fail)
