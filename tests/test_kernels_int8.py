@@ -166,3 +166,48 @@ def test_gpu_bert_and_resnet_shapes(tactic):
              "strides": [1, 1], "x_scale": 0.1, "out_scale": 0.3, "activation": "Relu", "activation_params": []}
     spec, inputs, want = _spec("QuantConv", attrs, inputs, "cuda")
     assert _close([t.compile(spec, t.configs(spec, dev, 1)[0], dev)(inputs)[0]], [want], False, True) is None
+
+
+@pytest.mark.parametrize("tactic", TACTICS)
+def test_fp16_output_within_one_fp16_rounding(tactic):
+    """out_dtype fp16 (the reader is fp16): the reference's fp32 value rounded once; the tactic within 1 fp16 ulp."""
+    g = torch.Generator().manual_seed(11)
+    attrs = {"x_scale": 0.02, "out_scale": None, "activation": "Relu", "activation_params": [],
+             "out_dtype": DType.FLOAT16}
+    spec, inputs, want = _spec("QuantGemm", attrs, _gemm_case(g, (33,), 64, 24))
+    fp32 = run_reference("QuantGemm", inputs, attrs | {"out_dtype": None})[0]
+    assert want.dtype == torch.float16 and torch.equal(want, fp32.half())
+    got = _run(tactic, spec, inputs)
+    assert got.dtype == torch.float16 and _close([got], [want], False, quantized=True) is None
+
+
+def test_triton_quantize_matches_reference_ties_and_saturation():
+    """fp32 and fp16 inputs (fp16 read as fp32, as behind the cast it replaces): halves round to even,
+    values beyond the range saturate to -128 / 127, exactly as the reference."""
+    from kiln.kernels import quantize
+
+    scale = 0.5
+    ties = torch.tensor([0.25, 0.75, -0.25, -0.75, 1.25, 63.75, -64.25, 100.0, -100.0, 0.0])  # /0.5: x.5 values
+    x = torch.cat([ties, torch.randn(3000, generator=torch.Generator().manual_seed(0)) * 40])
+    attrs = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": DType.INT8, "precision": DType.FLOAT32}
+    nhwc = x[:3000].reshape(1, 6, 20, 25).contiguous(memory_format=torch.channels_last)
+    for t in (x, x.half(), nhwc):
+        want = run_reference("QuantizeLinear", [t, torch.tensor(scale)], attrs)[0]
+        got = quantize.quantize(t, scale, quantize.CONFIGS[2])
+        assert got.dtype == torch.int8 and torch.equal(got, want)
+    assert quantize.quantize(nhwc, scale).is_contiguous(memory_format=torch.channels_last)  # kept NHWC
+    assert quantize.quantize(ties, scale)[:4].tolist() == [0, 2, 0, -2] and quantize.quantize(ties, scale)[7] == 127
+
+
+def test_triton_quantize_supports_only_per_tensor_int8():
+    cuda = Device("cuda", "cuda", "cuda:0")
+    t = registry.get("triton_quantize")
+    base = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": DType.INT8, "precision": None}
+    x, s = ValueSpec(DType.FLOAT16, (4, 8)), ValueSpec(DType.FLOAT32, (), torch.tensor(0.1))
+    out = (ValueSpec(DType.INT8, (4, 8)),)
+    assert t.supports(LayerSpec("q", "QuantizeLinear", base, (x, s), out), cuda) is None
+    per_axis = ValueSpec(DType.FLOAT32, (8,), torch.ones(8))
+    assert t.supports(LayerSpec("q", "QuantizeLinear", base, (x, per_axis), out), cuda)
+    assert t.supports(LayerSpec("q", "QuantizeLinear", base | {"output_dtype": DType.UINT8}, (x, s), out), cuda)
+    zp = ValueSpec(DType.INT8, (), torch.tensor(3, dtype=torch.int8))
+    assert t.supports(LayerSpec("q", "QuantizeLinear", base, (x, s, zp), out), cuda)

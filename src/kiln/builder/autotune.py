@@ -27,6 +27,7 @@ TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfl
 # by fp32 rounding (FMA contraction, activation approximations): rtol 1e-4 plus 1e-5 of the output's range.
 QUANTIZED = ("QuantConv", "QuantGemm")
 QUANT_INT8_LSB = 1
+FP16_ULP = 2.0 ** -10
 
 
 @dataclass
@@ -84,7 +85,8 @@ def _close(got: list, want: list, tf32: bool, quantized: bool = False) -> str | 
             rtol, atol = 1e-2, 1e-2
         if quantized:
             amax = w.float().abs().max().item() if w.numel() else 0.0
-            rtol, atol = (0, QUANT_INT8_LSB) if w.dtype == torch.int8 else (1e-4, 1e-5 * amax + 1e-6)
+            rtol = FP16_ULP if w.dtype == torch.float16 else 1e-4  # fp16 out: one rounding, 1 ulp apart at most
+            rtol, atol = (0, QUANT_INT8_LSB) if w.dtype == torch.int8 else (rtol, 1e-5 * amax + 1e-6)
         if not torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol, equal_nan=True):
             err = (g.float() - w.float()).abs().max().item()
             return f"wrong result: output {i} differs by up to {err:.3g} (rtol {rtol}, atol {atol})"

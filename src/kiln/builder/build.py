@@ -22,6 +22,7 @@ from kiln.passes import PassContext, default_passes, run_passes
 from kiln.quant import apply_precision
 from kiln.quant.budget import copy_network, time_engines
 from kiln.quant.int8 import apply_int8
+from kiln.quant.int8_fp16 import int8_fp16_io
 from kiln.quant.int8_stage import quantize_int8
 from kiln.quant.scheme import QuantScales, TensorScale
 from kiln.quant.qdq import absorb_qdq, has_qdq
@@ -115,7 +116,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
             notes, record = quantize_int8(net, config, ctx.device, qdq, calib_data, validation_data=validation_data)
             int8_info.update(record)
         cuda_int8 = config.int8 and ctx.device.backend == "cuda" and not config.bf16
-        return notes + apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
+        notes += apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
+        return notes + (int8_fp16_io(net) if config.int8 and (cuda_int8 or config.fp16) else [])
 
     ctx.notes += stage("precision", precision)
     net.verify()
@@ -154,6 +156,8 @@ def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -
     pinned = {n for n, r in record["layers"].items() if r["precision"] != "int8" and n not in budget["fallbacks"]}
     apply_int8(net, scales, pinned)
     apply_precision(net, replace(config, fp16=not config.bf16))
+    if not config.bf16:
+        int8_fp16_io(net)
     weights = {k: to_device(v, engine.device.torch_device) for k, v in net.constants.items()}
     choices = tune(net, weights, engine.device, config.opt_level, config.tf32, cache, lambda *a: None,
                    config.workspace_bytes)

@@ -1,7 +1,7 @@
 """int8 GEMM with kiln's quantized epilogue fused (kinds/quantized.py has the exact arithmetic):
 
     acc = A_q @ W_q (int32, tl.dot on int8);  y = fp32(acc) · (x_scale · w_scale[n]) + bias[n] + residual[m, n]
-    y = act(y);  out = y (fp32), or int8(clamp(round_half_even(y / out_scale), -127, 127))
+    y = act(y);  out = y (fp32 or fp16), or int8(clamp(round_half_even(y / out_scale), -127, 127))
 
 A is (M, K) int8, W is (K, N) int8 (any strides: a [N, K] weight is passed as its transpose view).
 Rounding half to even uses the fp32 add/subtract of 1.5·2²³ (exact for |v| ≤ 127); the division is IEEE
@@ -86,14 +86,16 @@ def configs(m: int | None, n: int, k: int, smem: int, level: int) -> list[dict]:
 
 def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, *, out_scale: float | None = None, activation: str = "none",
-           act_alpha: float = 1.0, act_beta: float = 0.0, config: dict | None = None) -> torch.Tensor:
+           act_alpha: float = 1.0, act_beta: float = 0.0, out_dtype: torch.dtype = torch.float32,
+           config: dict | None = None) -> torch.Tensor:
     """The module docstring's epilogue over a (M, K) int8 @ w (K, N) int8; `scale` is fp32 [N] (x_scale · w_scale,
-    one fp32 product), bias fp32 [N], residual (M, N) any float type; int8 out when `out_scale` is given."""
+    one fp32 product), bias fp32 [N], residual (M, N) any float type; int8 out when `out_scale` is given, else
+    `out_dtype` (the fp32 value rounded once on store)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     (m, k), n = a.shape, w.shape[1]
     cfg = config or configs(m, n, k, DEFAULT_SMEM, 1)[0]
-    c = torch.empty((m, n), dtype=torch.int8 if out_scale is not None else torch.float32, device=a.device)
+    c = torch.empty((m, n), dtype=torch.int8 if out_scale is not None else out_dtype, device=a.device)
     if m == 0 or n == 0:
         return c
     r = residual if residual is not None else c

@@ -14,5 +14,6 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     triton_int8,
     triton_norm,
     triton_pointwise,
+    triton_quantize,
     views,
 )

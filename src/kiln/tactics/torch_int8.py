@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.kinds.fused import activate
-from kiln.kinds.quantized import requantize
+from kiln.kinds.quantized import float_out, requantize
 from kiln.tactics import int8_lowering
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
@@ -38,6 +38,7 @@ def _compile(spec: LayerSpec, config, device):
     w_t = F.pad(form.w, (0, _round8(k) - k, 0, _round8(n) - n)).t()  # [K8, N8] column-major, cuBLASLt's liking
     scale, bias, attrs = form.scale, form.bias, spec.attrs
     act, params, out_scale = attrs.get("activation", "none"), attrs.get("activation_params", []), attrs["out_scale"]
+    out_dtype = float_out(attrs)
     has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
 
     def run(inputs):
@@ -48,7 +49,7 @@ def _compile(spec: LayerSpec, config, device):
         if has_residual:
             y = y + form.res_rows(inputs[4]).float()
         y = activate(y, act, params)
-        return [form.back(y if out_scale is None else requantize(y, out_scale), x)]
+        return [form.back(y.to(out_dtype) if out_scale is None else requantize(y, out_scale), x)]
 
     return run
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kiln.kernels import int8_gemm
 from kiln.kernels.common import smem_limit
+from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
@@ -30,13 +31,14 @@ def _compile(spec: LayerSpec, config, device):
     w = form.w.t()  # (K, N) view of the [N, K] weight
     scale, bias, out_scale = form.scale, form.bias, spec.attrs["out_scale"]
     act, act_alpha, act_beta = _epilogue(spec.attrs)
+    out_dtype = float_out(spec.attrs)
     has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
 
     def run(inputs):
         x = inputs[0]
         res = form.res_rows(inputs[4]) if has_residual else None
         y = int8_gemm.matmul(form.rows(x), w, scale, bias, res, out_scale=out_scale, activation=act,
-                             act_alpha=act_alpha, act_beta=act_beta, config=config)
+                             act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=config)
         return [form.back(y, x)]
 
     return run

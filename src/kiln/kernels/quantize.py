@@ -1,0 +1,41 @@
+"""Per-tensor QuantizeLinear to int8 in one pass: q = saturate(round_half_even(fp32(x) / scale)) over [-128, 127].
+
+The division is IEEE fp32 (div_rn on the GPU), as the reference's fp32 division; rounding uses the fp32 add and
+subtract of 1.5·2²³ after clamping (exact for |v| ≤ 128, and clamp and round commute at integer bounds).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kiln.kernels.common import INTERPRET
+from kiln.kernels.int8_gemm import _div
+
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³ (kernels/int8_gemm.py)
+CONFIGS = [{"BLOCK": 2048, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8}, {"BLOCK": 1024, "num_warps": 4}]
+
+
+@triton.jit
+def _quantize_kernel(x, q, n, scale, EXACT_DIV: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    v = _div(tl.load(x + offs, mask=inside, other=0.0).to(tl.float32), scale, EXACT_DIV)
+    v = tl.minimum(tl.maximum(v, -128.0), 127.0)
+    v = (v + ROUND_MAGIC) - ROUND_MAGIC
+    tl.store(q + offs, v.to(tl.int8), mask=inside)
+
+
+def quantize(x: torch.Tensor, scale: float, config: dict | None = None) -> torch.Tensor:
+    """x (fp32/fp16/bf16) as int8 with fp32 `scale` (module docstring), in x's memory format."""
+    cfg = config or CONFIGS[0]
+    fmt = torch.channels_last if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(
+        memory_format=torch.channels_last) else torch.contiguous_format
+    src = x.contiguous(memory_format=fmt)
+    q = torch.empty_like(src, dtype=torch.int8, memory_format=fmt)
+    n = src.numel()
+    if n:
+        _quantize_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](src, q, n, float(scale), EXACT_DIV=not INTERPRET,
+                                                          BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return q
