@@ -25,6 +25,7 @@ from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
 CPU = Device("cpu", "cpu", "cpu")
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 TACTICS = ["torch_int_mm", "triton_int8_gemm"]
+CONV_TACTICS = TACTICS + ["triton_int8_conv"]  # the implicit-GEMM conv runs QuantConv only
 EPI = {"activation": "none", "activation_params": []}
 
 
@@ -83,7 +84,7 @@ CONVS = [  # (kernel, strides, pads, dilations)
 ]
 
 
-@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("tactic", CONV_TACTICS)
 @pytest.mark.parametrize("kernel,strides,pads,dilations", CONVS)
 def test_quant_conv_exact(tactic, kernel, strides, pads, dilations):
     """1x1 (strided) as a GEMM over NHWC, kxk through im2col: residual, bias, Relu, requantize: bit-exact."""
@@ -101,7 +102,7 @@ def test_quant_conv_exact(tactic, kernel, strides, pads, dilations):
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("tactic", CONV_TACTICS)
 def test_quant_conv_channels_last_input_and_gelu(tactic):
     """An NHWC (channels_last) input, as a previous int8 conv leaves it; Gelu within the autotuner's tolerance."""
     g = torch.Generator().manual_seed(3)
@@ -120,10 +121,10 @@ def test_grouped_conv_and_non_int8_refused_with_reason():
     attrs = {"group": 4, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [3, 3], "pads": [1] * 4,
              "strides": [1, 1], "x_scale": 0.1, "out_scale": None} | EPI
     spec, _, _ = _spec("QuantConv", attrs, [x, w, torch.ones(4), None])
-    for tactic in TACTICS:
+    for tactic in CONV_TACTICS:
         assert "grouped" in registry.get(tactic).supports(spec, CPU)
     cands, refused = registry.candidates(spec, Device("cuda", "cuda", "cuda:0"))
-    assert [t.name for t in cands] == [registry.REFERENCE] and {n for n, _ in refused} >= set(TACTICS)
+    assert [t.name for t in cands] == [registry.REFERENCE] and {n for n, _ in refused} >= set(CONV_TACTICS)
 
 
 def test_kernel_configs_fit_smem_and_int8_mma_depth():
@@ -211,3 +212,31 @@ def test_triton_quantize_supports_only_per_tensor_int8():
     assert t.supports(LayerSpec("q", "QuantizeLinear", base | {"output_dtype": DType.UINT8}, (x, s), out), cuda)
     zp = ValueSpec(DType.INT8, (), torch.tensor(3, dtype=torch.int8))
     assert t.supports(LayerSpec("q", "QuantizeLinear", base, (x, s, zp), out), cuda)
+
+
+@pytest.mark.parametrize("c,out", [(40, None), (3, 0.25)])
+def test_int8_conv_channel_blocks_and_fp16_out(c, out):
+    """Channels over several BLOCK_K blocks (40 = 32 + 8) and fewer than one (3): flat tap × channel-block loop;
+    a float output in fp16 within one rounding of the reference's fp32."""
+    g = torch.Generator().manual_seed(c)
+    inputs, _ = _conv_case(g, 2, c, 7, 12, 3)
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [3, 3], "pads": [1, 0, 1, 2],
+             "strides": [2, 1], "x_scale": 0.05, "out_scale": out, "activation": "Relu", "activation_params": [],
+             "out_dtype": DType.FLOAT16 if out is None else None}
+    spec, args, want = _spec("QuantConv", attrs, inputs)
+    got = _run("triton_int8_conv", spec, args)
+    assert got.is_contiguous(memory_format=torch.channels_last) and got.dtype == want.dtype
+    assert _close([got], [want], False, quantized=True) is None
+
+
+@pytest.mark.gpu
+def test_gpu_int8_conv_resnet_shape():
+    dev = Device("cuda", "cuda", "cuda:0")
+    g = torch.Generator().manual_seed(0)
+    inputs, _ = _conv_case(g, 8, 64, 56, 64, 3)
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [3, 3], "pads": [1] * 4,
+             "strides": [1, 1], "x_scale": 0.1, "out_scale": 0.3, "activation": "Relu", "activation_params": []}
+    spec, inputs, want = _spec("QuantConv", attrs, inputs, "cuda")
+    t = registry.get("triton_int8_conv")
+    for cfg in t.configs(spec, dev, 3):
+        assert _close([t.compile(spec, cfg, dev)(inputs)[0]], [want], False, True) is None

@@ -12,6 +12,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     triton_conv,
     triton_gemm,
     triton_int8,
+    triton_int8_conv,
     triton_norm,
     triton_pointwise,
     triton_quantize,

@@ -1,0 +1,49 @@
+"""QuantConv (2-D, group 1) through the Triton int8 implicit-GEMM conv (kernels/int8_conv.py): no im2col copy,
+scales, bias, residual, activation and requantization fused; reads any layout, writes NHWC (timed as NHWC)."""
+
+from __future__ import annotations
+
+from kiln.kernels import conv, int8_conv
+from kiln.kernels.common import smem_limit
+from kiln.kinds.conv import resolve_pads
+from kiln.kinds.quantized import float_out
+from kiln.tactics import int8_lowering
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_gemm import _epilogue
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    if spec.kind != "QuantConv":
+        return "convolutions only"
+    return int8_lowering.supports(spec)
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    out = spec.outputs[0].shape
+    m = out[0] * out[2] * out[3] if out and all(isinstance(d, int) for d in (out[0], out[2], out[3])) else None
+    co, c = spec.inputs[1].const.shape[:2]
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv.configs(m, co, c, smem_limit(device), level)]
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    form = int8_lowering.gemm_form(spec)  # its scale and bias: one fp32 product, as the reference rounds it
+    w = conv.pack_weight(spec.inputs[1].const)
+    x_shape = spec.inputs[0].shape
+    pt, pl, pb, pr = resolve_pads(tuple(x_shape[2:]), a)
+    kernel, strides, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["strides"]), tuple(a["dilations"])
+    act, act_alpha, act_beta = _epilogue(a)
+    out_scale, out_dtype = a["out_scale"], float_out(a)
+    has_residual = len(spec.inputs) > 4 and spec.inputs[4] is not None
+    tiles = {k: config[k] for k in int8_conv.CONFIG_KEYS}
+
+    def run(inputs):
+        return [int8_conv.conv2d(inputs[0], w, form.scale, kernel, strides, [pt, pl, pb, pr], dilations, form.bias,
+                                 inputs[4] if has_residual else None, out_scale=out_scale, activation=act,
+                                 act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=tiles)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv", ("QuantConv",), _compile, _supports, _configs, priority=15))
