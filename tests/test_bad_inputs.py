@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle  # only to craft a hostile file in a test; kiln itself never imports pickle
@@ -132,6 +133,13 @@ def test_6_shapes_that_cannot_match():
                         outputs=[helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 6, 6])])
         with pytest.raises(ShapeError, match="convc"):
             _build(conv_c)
+    # a bias that is not one value per output channel (ONNX's shape inference does not check it)
+    wrong_bias = numpy_helper.from_array(np.ones((4, 5), np.float32), "wb")
+    conv_b = _model([helper.make_node("Conv", ["x", "k3", "wb"], ["y"], name="convb")], inits=[k3, wrong_bias],
+                    inputs=[helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                    outputs=[helper.make_tensor_value_info("y", T.FLOAT, [1, 4, 6, 6])])
+    with pytest.raises(ShapeError, match="convb.*bias"):
+        _build(conv_b)
 
 
 # 7 ------------------------------------------------------------------------------------------
@@ -155,6 +163,18 @@ def test_7_declared_dims_overflow():
                outputs=[helper.make_tensor_value_info("y", T.FLOAT, [2**40, 2**40])])
     with pytest.raises(ResourceLimitError):
         _build(m)
+
+
+def test_7_tensor_larger_than_the_build_device_memory(monkeypatch):
+    """Within the 1 TiB cap but beyond this machine's memory: refused at build, never a failed allocation later."""
+    build_module = importlib.import_module("kiln.builder.build")  # the package exports a function of that name
+    monkeypatch.setattr(build_module, "memory_budget", lambda device: 1 << 30)
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    conv = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv0", pads=[2**24, 1, 2**24, 1])],
+                  inits=[w], inputs=[helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                  outputs=[helper.make_tensor_value_info("y", T.FLOAT, ["n", "c", "h", "w"])])
+    with pytest.raises(ResourceLimitError, match="memory budget"):
+        _build(conv)
 
 
 # 8 ------------------------------------------------------------------------------------------

@@ -76,10 +76,11 @@ def bounded_memory():
 
 
 def _build_and_run(data: bytes):
-    """Build on the CPU (import, passes, precision, plan). Running fuzzed models is left out: a model whose
-    declared input shape contradicts its weights (e.g. Conv with 0 input channels) builds and then fails at
-    run time with InternalError; that is a gap of the importer's shape checks, not of the loaders."""
-    return kiln.build(data, kiln.BuildConfig(device="cpu"))
+    """Build on the CPU (import, passes, precision, plan), then run the engine on the seed's inputs: a model
+    that builds must either run or refuse the inputs with a KilnError."""
+    engine = kiln.build(data, kiln.BuildConfig(device="cpu"))
+    engine.create_context().run(FEEDS)
+    return engine
 
 
 # -- byte-level mutations of the model file --------------------------------------------------------------------
@@ -267,6 +268,6 @@ def test_fuzz_json_loader(data):
 
 def test_seed_inputs_are_valid():
     """The seeds themselves build, load and run: mutations start from working inputs."""
-    np.testing.assert_allclose(_build_and_run(SEED_BYTES).run(FEEDS)["y"].sum(), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(_build_and_run(SEED_BYTES).create_context().run(FEEDS)["y"].sum(), 1.0, rtol=1e-5)
     header, manifest, weights = _split(SEED_PLAN)
     assert _join(header, manifest, weights) != b"" and planfile.FORMAT_VERSION == 1

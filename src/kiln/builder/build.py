@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import onnx
+import torch
 
 from kiln.builder.autotune import tune
 from kiln.builder.device import Device, detect
@@ -63,6 +64,14 @@ def _unhonoured(config: BuildConfig, device: Device) -> list[str]:
     return notes
 
 
+def memory_budget(device: Device) -> int:
+    """Bytes one declared tensor may take: the build device's memory (host RAM for the CPU backend), so a
+    model that cannot fit fails at build with a ResourceLimitError instead of failing to allocate later."""
+    if device.backend == "cuda":
+        return torch.cuda.get_device_properties(device.torch_device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
     """Inputs whose shape is fixed in every profile: the importer specializes them."""
     if not config.profiles:
@@ -89,7 +98,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         ctx.timings[name] = time.perf_counter() - start
         return out
 
-    limits = ModelLimits(fold_budget_bytes=config.fold_budget_bytes)
+    limits = ModelLimits(fold_budget_bytes=config.fold_budget_bytes,
+                         max_tensor_bytes=min(ModelLimits.max_tensor_bytes, memory_budget(ctx.device)))
     loaded = stage("load", lambda: load_onnx(model, limits, input_shapes=static_input_shapes(config)))
     net = stage("import", lambda: import_onnx(loaded.proto))
     onnx_nodes = len(loaded.proto.graph.node)

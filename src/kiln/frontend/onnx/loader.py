@@ -169,7 +169,8 @@ def _check_bytes(vi: onnx.ValueInfoProto, limits: ModelLimits, inferred: bool = 
             n *= d.dim_value
     if n * 8 > limits.max_tensor_bytes:
         raise ResourceLimitError(f"tensor {vi.name!r} declares {n} elements, over the memory budget of "
-                                 f"{limits.max_tensor_bytes} bytes; check its declared dimensions")
+                                 f"{limits.max_tensor_bytes} bytes (the build device's memory, at most 1 TiB); "
+                                 "check its declared dimensions")
 
 
 def check_ops_supported(proto: onnx.ModelProto) -> None:

@@ -57,9 +57,9 @@ def _emit(node: OnnxNode, ctx: ImportContext, attrs: dict) -> None:
     ctx.emit(node, node.op_type, node.inputs, node.outputs, attrs)
 
 
-def _check_channels(node: OnnxNode, ctx: ImportContext, attrs: dict) -> None:
-    """Input channels must equal the weight's channels × group where both are known: a ShapeError at build,
-    not a failing kernel at run time."""
+def _check_channels(node: OnnxNode, ctx: ImportContext, attrs: dict, has_bias: bool = True) -> None:
+    """Input channels must equal the weight's channels × group, and a bias hold one value per output channel,
+    where the shapes are known: a ShapeError at build, not a failing kernel at run time."""
     x, w = (ctx.network.tensors[n].shape for n in node.inputs[:2])
     if x is None or w is None or len(x) < 2 or len(w) < 2:
         return
@@ -67,6 +67,10 @@ def _check_channels(node: OnnxNode, ctx: ImportContext, attrs: dict) -> None:
     if isinstance(c, int) and isinstance(wc, int) and c != wc * group:
         raise ShapeError(f"{node.where()}: the input has {c} channels but the weight takes {wc} × group {group} "
                          f"= {wc * group}; fix the model's input shape or weights")
+    b = ctx.network.tensors[node.inputs[2]].shape if has_bias and len(node.inputs) > 2 and node.inputs[2] else None
+    if b is not None and isinstance(w[0], int) and (len(b) != 1 or isinstance(b[0], int) and b[0] != w[0]):
+        raise ShapeError(f"{node.where()}: the bias has shape {list(b)} but the weight has {w[0]} output channels; "
+                         f"the bias must be 1-D with {w[0]} elements")
 
 
 @register("Conv", since=1)
@@ -79,7 +83,7 @@ def conv(node: OnnxNode, ctx: ImportContext) -> None:
 @register("ConvInteger", since=10)
 def conv_integer(node: OnnxNode, ctx: ImportContext) -> None:
     attrs = spatial_attrs(node, ctx, node.inputs[0], node.inputs[1])
-    _check_channels(node, ctx, attrs)
+    _check_channels(node, ctx, attrs, has_bias=False)  # its third input is x's zero point
     _emit(node, ctx, attrs)
 
 
