@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -144,25 +144,28 @@ class Autotuner:
             us, tactic, config = timings[self.layout]
             choices[name] = Choice(tactic, config, us, "timed", choices[name].rejected)
 
-    def choose(self, spec: LayerSpec) -> Choice:
+    def choose(self, spec: LayerSpec, tuning: LayerSpec | None = None) -> Choice:
+        """The tactic for `spec`. A layer with symbolic shapes is checked and timed on `tuning`, the same layer
+        at the profile's opt shapes, among the tactics that take its symbolic shapes (TensorRT tunes at opt)."""
         cands, refused = registry.candidates(spec, self.device)
         fast = [t for t in cands if t.name != registry.REFERENCE]
         if not fast:
             return Choice(registry.REFERENCE, rejected=refused)
         if fast[0].untimed:  # a view: nothing to time, and always at least as fast as the reference
             return Choice(fast[0].name, {}, None, "heuristic", refused)
-        if not spec.static or any(v is not None and v.const is None and not v.dtype.is_float
-                                  and v.dtype is not DType.BOOL
-                                  and not (v.dtype is DType.INT8 and spec.kind in QUANTIZED)
-                                  for v in spec.inputs if v is not None and v.dtype is not None):
+        timed_spec = spec if spec.static else tuning
+        if timed_spec is None or not timed_spec.static or any(
+                v is not None and v.const is None and not v.dtype.is_float and v.dtype is not DType.BOOL
+                and not (v.dtype is DType.INT8 and spec.kind in QUANTIZED)
+                for v in spec.inputs if v is not None and v.dtype is not None):
             t = fast[0]  # no representative data to time or check with: priority decides
             return Choice(t.name, t.configs(spec, self.device, self.level)[0], None, "heuristic", refused)
-        sig = spec.signature()
+        sig = spec.signature() if spec is timed_spec else f"{spec.signature()}@{timed_spec.signature()}"
         if self.cache is not None and self.level > 0:
             hit = self.cache.get(self.env, sig)
-            if hit is not None and hit.tactic in registry.TACTICS:
+            if hit is not None and hit.tactic in {t.name for t in cands}:
                 return Choice(hit.tactic, hit.config, hit.microseconds, "cache", refused)
-        choice = self._measure(spec, cands, refused)
+        choice = self._measure(timed_spec, cands, refused)
         if self.cache is not None and self.level > 0:
             self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
         return choice
@@ -206,10 +209,29 @@ class Autotuner:
         return Choice(name, config, us, "timed", rejected)
 
 
+def at_shapes(spec: LayerSpec, layer, shapes: dict[str, tuple] | None) -> LayerSpec | None:
+    """`spec` with its symbolic shapes replaced by those `shapes` observed for the layer's tensors (None when one
+    is missing): the layer as it runs at the profile's opt shapes."""
+    if not shapes:
+        return None
+
+    def concrete(v, name):
+        if v is None or v.static or v.dtype is None:
+            return v
+        return replace(v, shape=shapes[name]) if name in shapes else None
+
+    ins = [concrete(v, n) for v, n in zip(spec.inputs, layer.inputs)]
+    outs = [concrete(v, n) for v, n in zip(spec.outputs, layer.outputs)]
+    if any(c is None and v is not None for c, v in zip(ins + outs, list(spec.inputs) + list(spec.outputs))):
+        return None
+    return replace(spec, inputs=tuple(ins), outputs=tuple(outs), _sig=[])
+
+
 def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
          cache: TimingCache | None, progress: Callable[[str, int, int], None],
-         workspace: int | None = None) -> dict[str, Choice]:
-    """A Choice for every layer of `net` (the reference everywhere on the CPU)."""
+         workspace: int | None = None, tuning_shapes: dict[str, tuple] | None = None) -> dict[str, Choice]:
+    """A Choice for every layer of `net` (the reference everywhere on the CPU); layers with symbolic shapes are
+    timed at `tuning_shapes` (every tensor's shape at the profile's opt input shapes) where given."""
     if device.backend != "cuda":
         return {layer.name: Choice(registry.REFERENCE) for layer in net.layers}
     tuner = Autotuner(device, opt_level, tf32, cache, workspace)
@@ -217,7 +239,8 @@ def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int,
     started = time.perf_counter()
     for i, layer in enumerate(net.layers):
         progress("tune", i, len(net.layers))
-        choices[layer.name] = tuner.choose(layer_spec(net, layer, weights, tf32))
+        spec = layer_spec(net, layer, weights, tf32)
+        choices[layer.name] = tuner.choose(spec, None if spec.static else at_shapes(spec, layer, tuning_shapes))
     progress("tune", len(net.layers), len(net.layers))
     tuner.choose_layout(choices)
     tuner.seconds = time.perf_counter() - started

@@ -12,7 +12,7 @@ import torch
 
 from kiln.builder.autotune import tune
 from kiln.builder.device import Device, detect
-from kiln.builder.specialize import needs_specialization, specialize_shapes
+from kiln.builder.specialize import needs_specialization, observe_shapes, specialize_shapes
 from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
 from kiln.engine import Engine
@@ -70,6 +70,19 @@ def memory_budget(device: Device) -> int:
     if device.backend == "cuda":
         return torch.cuda.get_device_properties(device.torch_device).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def opt_tensor_shapes(net: Network, config: BuildConfig, device: Device) -> dict[str, tuple] | None:
+    """For a GPU build with symbolic shapes: every tensor's shape when the inputs take the first profile's opt
+    shapes, so that the autotuner checks and times those layers there; None when there is nothing to observe."""
+    if device.backend != "cuda" or all(net.tensors[n].is_static for n in net.inputs) or not config.profiles:
+        return None
+    inputs = [net.tensors[n] for n in net.inputs]
+    opt = {t.name: (t.shape if t.is_static else config.profiles[0][t.name].opt) for t in inputs
+           if t.is_static or t.name in config.profiles[0]}
+    if len(opt) < len(inputs) or any(getattr(t, "kind", "tensor") != "tensor" for t in inputs):
+        return None
+    return observe_shapes(net, device.torch_device, opt)
 
 
 def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
@@ -137,8 +150,9 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         info["int8"] = int8_info
     weights = {k: to_device(v, ctx.device.torch_device) for k, v in net.constants.items()}
     cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
+    shapes = opt_tensor_shapes(net, config, ctx.device)
     choices = stage("tune", lambda: tune(net, weights, ctx.device, config.opt_level, config.tf32, cache,
-                                         ctx.progress, config.workspace_bytes))
+                                         ctx.progress, config.workspace_bytes, shapes))
     if cache is not None:
         info["timing_cache"] = {"path": str(cache.path), "hits": cache.hits, "misses": cache.misses}
     engine = stage("plan", lambda: Engine(net, config, ctx.device, source_sha256=loaded.sha256, build_info=info,

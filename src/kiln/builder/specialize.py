@@ -32,13 +32,24 @@ def needs_specialization(net: Network) -> bool:
 
 def specialize_shapes(net: Network, device: str) -> int:
     """Record the shape of every data-independent tensor; returns how many tensors got a static shape."""
+    learned = 0
+    for name, shape in observe_shapes(net, device, {n: net.tensors[n].shape for n in net.inputs}).items():
+        t = net.tensors.get(name)
+        if t is not None and not t.is_static and getattr(t, "kind", "tensor") == "tensor":
+            t.shape = shape
+            learned += 1
+    return learned
+
+
+def observe_shapes(net: Network, device: str, input_shapes: dict[str, tuple]) -> dict[str, tuple]:
+    """The shape every data-independent tensor takes when the inputs have `input_shapes` (one reference run on
+    zeros); tensors whose shape depends on data, or that follow a layer failing on zeros, are left out."""
     values = {k: to_device(v, device) for k, v in net.constants.items()}
     for n in net.inputs:
-        t = net.tensors[n]
-        values[n] = torch.zeros(t.shape, dtype=t.dtype.torch, device=device)
+        values[n] = torch.zeros(input_shapes[n], dtype=net.tensors[n].dtype.torch, device=device)
     tainted: set[str] = set()             # shapes depend on input data: not recorded
     from_data: set[str] = set(net.inputs)  # values depend on input data (zeros here stand in for them)
-    learned = 0
+    shapes: dict[str, tuple] = {n: tuple(input_shapes[n]) for n in net.inputs}
     with torch.inference_mode():
         for layer in net.layers:
             args = [values.get(i) if i else None for i in layer.inputs]
@@ -47,7 +58,7 @@ def specialize_shapes(net: Network, device: str) -> int:
                 continue
             try:
                 outs = run_reference(layer.kind, args, layer.attrs)
-            except Exception:  # zeros are not valid data for every layer; its shapes stay as inferred
+            except Exception:  # zeros are not valid data for every layer; its shapes stay unobserved
                 tainted.update(o for o in layer.outputs if o)
                 continue
             dependent = (layer.kind in DATA_DEPENDENT or any(i in tainted for i in layer.inputs if i)
@@ -59,11 +70,8 @@ def specialize_shapes(net: Network, device: str) -> int:
                 if not name:
                     continue
                 values[name] = value
-                t = net.tensors.get(name)
                 if dependent:
                     tainted.add(name)
-                elif isinstance(value, torch.Tensor) and t is not None and not t.is_static \
-                        and getattr(t, "kind", "tensor") == "tensor":
-                    t.shape = tuple(value.shape)
-                    learned += 1
-    return learned
+                elif isinstance(value, torch.Tensor):
+                    shapes[name] = tuple(value.shape)
+    return shapes

@@ -1,0 +1,101 @@
+"""Layers with symbolic shapes are checked and timed at the profile's opt shapes, not taken on priority alone.
+
+The autotuner runs on a stand-in CUDA device whose tensors live on the CPU, at opt level 0 (check, no timing),
+so that its choice logic is tested without a GPU.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from kiln.builder.autotune import Autotuner, at_shapes
+from kiln.builder.specialize import observe_shapes
+from kiln.frontend.onnx import import_onnx, load_onnx
+from kiln.frontend.onnx.limits import ModelLimits
+from kiln.ir import DType
+from kiln.tactics import registry
+from kiln.tactics.registry import Tactic
+from kiln.tactics.spec import LayerSpec, ValueSpec
+
+
+class FakeCuda:
+    """A CUDA-backend device for the tuner's logic, computing on the CPU."""
+
+    backend, name, torch_device, hardware_compat = "cuda", "stand-in", "cpu", "none"
+
+    def fingerprint(self):
+        return {"backend": "cuda", "name": self.name}
+
+
+W = torch.randn(40, 24, generator=torch.Generator().manual_seed(0))
+F32 = DType.FLOAT32
+
+
+def _specs():
+    layer = SimpleNamespace(inputs=["x", "w"], outputs=["y"])
+    spec = LayerSpec("mm", "MatMul", {}, (ValueSpec(F32, ("n", 40)), ValueSpec(F32, (40, 24), W)),
+                     (ValueSpec(F32, ("n", 24)),))
+    return layer, spec
+
+
+def _tactic(name, fn):
+    return Tactic(name, ("MatMul",), lambda spec, config, device: (lambda inputs: [fn(inputs[0], inputs[1])]))
+
+
+BAD = _tactic("wrong_when_rows_over_4", lambda a, w: (a @ w) * (1 if a.shape[0] <= 4 else 0))
+GOOD = _tactic("right", lambda a, w: a @ w)
+
+
+def test_symbolic_layer_is_checked_at_the_opt_shapes(monkeypatch):
+    layer, spec = _specs()
+    monkeypatch.setattr(registry, "candidates", lambda s, d: ([BAD, GOOD], []))
+    tuner = Autotuner(FakeCuda(), 0, False, None)
+    tuning = at_shapes(spec, layer, {"x": (8, 40), "y": (8, 24)})
+    assert tuning.static and tuning.inputs[0].shape == (8, 40) and tuning.inputs[1].const is W
+    choice = tuner.choose(spec, tuning)
+    assert choice.tactic == "right"
+    assert any(label.startswith("wrong_when_rows_over_4") and "wrong result" in why for label, why in choice.rejected)
+
+
+def test_without_opt_shapes_priority_decides(monkeypatch):
+    layer, spec = _specs()
+    monkeypatch.setattr(registry, "candidates", lambda s, d: ([BAD, GOOD], []))
+    choice = Autotuner(FakeCuda(), 0, False, None).choose(spec, None)
+    assert (choice.tactic, choice.source) == ("wrong_when_rows_over_4", "heuristic")
+
+
+def test_at_shapes_needs_every_symbolic_tensor():
+    layer, spec = _specs()
+    assert at_shapes(spec, layer, {"x": (8, 40)}) is None
+    assert at_shapes(spec, layer, None) is None
+
+
+def test_observe_shapes_at_the_opt_profile():
+    """Dynamic batch through Reshape/Transpose: every tensor gets its opt-shape value; the network is unchanged."""
+    shape = onnx.numpy_helper.from_array(np.array([0, 4, 6], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Transpose", ["r"], ["y"],
+                                                                                   perm=[0, 2, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6, 4])], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    net = import_onnx(load_onnx(model.SerializeToString(), ModelLimits()).proto)
+    before = {n: t.shape for n, t in net.tensors.items()}
+    shapes = observe_shapes(net, "cpu", {"x": (5, 24)})
+    assert shapes["x"] == (5, 24) and shapes["y"] == (5, 6, 4)
+    assert {n: t.shape for n, t in net.tensors.items()} == before
+    assert not net.tensors["y"].is_static
+
+
+def test_opt_shapes_only_for_gpu_builds_with_symbolic_inputs():
+    import importlib
+
+    import kiln
+
+    build = importlib.import_module("kiln.builder.build")
+    net = SimpleNamespace(inputs=["x"], tensors={"x": SimpleNamespace(is_static=False, name="x", kind="tensor")})
+    config = kiln.BuildConfig(profiles=({"x": ((1, 4), (8, 4), (16, 4))},))
+    assert build.opt_tensor_shapes(net, config, SimpleNamespace(backend="cpu")) is None
+    assert build.opt_tensor_shapes(net, kiln.BuildConfig(), FakeCuda()) is None
