@@ -138,4 +138,4 @@ def test_minilm_budget_search_finds_the_sensitive_ffn_projection(tmp_path):
     b = eng.build_info["int8"]["budget"]
     assert b["all_int8"] < 0.98 and b["met"] and b["achieved"] >= 0.98 and b["samples"] == len(held_out)
     assert b["fallbacks"][0] == "/model/encoder/layer.0/output/dense/MatMul", b["fallbacks"]
-    assert 1 <= len(b["fallbacks"]) <= 3 and len(b["sensitivity"]) == 24
+    assert len(b["fallbacks"]) in (1, 2, 3) and len(b["sensitivity"]) == 24

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,20 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kiln  # noqa: E402
 from benchmarks.models import SPECS, instantiate, onnx_file  # noqa: E402
 from kiln.bench.profile import profile_layers  # noqa: E402
+from kiln.bench.timer import measure  # noqa: E402
 
 
 def graph_ms(ctx, feeds, n: int = 50) -> float:
-    for _ in range(5):
-        ctx.run(feeds)
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        ctx.run(feeds)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return measure(lambda: ctx.run(feeds), device="cuda", warmup=5, iterations=n).median
 
 
 def profile_row(name: str, batch: int, cache: Path) -> dict:

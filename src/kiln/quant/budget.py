@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import copy
 import re
-import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from kiln.bench.timer import measure
 from kiln.errors import ConfigError, InputError
 from kiln.ir import Network
 from kiln.quant.batching import fitted
@@ -162,17 +162,7 @@ def time_engines(engines: dict[str, Any], repeats: int = 20) -> dict:
     out = {}
     for name, engine in engines.items():
         ctx = engine.create_context()
-        for _ in range(3):
-            ctx.run(feeds)
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            ctx.run(feeds)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        out[f"{name}_ms"] = statistics.median(times)
+        out[f"{name}_ms"] = measure(lambda: ctx.run(feeds), device="cuda", warmup=3, iterations=repeats).median
     if "chosen_ms" in out and "all_int8_ms" in out:
         out["fallback_cost_ms"] = out["chosen_ms"] - out["all_int8_ms"]
     return out
