@@ -67,15 +67,14 @@ def _sentences() -> list[str]:
     return sorted(seen)
 
 
-@pytest.mark.skipif(not _sentences(), reason="numpy has no docstrings (python -OO)")
-def test_minilm_real_weights_int8_embeddings_match_fp32(tmp_path):
+def minilm_export(tmp_path):
+    """Real all-MiniLM-L6-v2 weights exported at sequence 16 with a dynamic batch, the tokenizer as `encode`, and
+    numpy's docstring sentences split into calibration (~185) and held-out (~46) sets."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from models.text import LastHidden, minilm
 
     sentences = _sentences()
-    assert len(sentences) >= 200, len(sentences)
-    held_out = sentences[1::5]                                          # ~46 held out, ~185 to calibrate on
-    calib = [s for i, s in enumerate(sentences) if i % 5 != 1]
+    held_out, calib = sentences[1::5], [s for i, s in enumerate(sentences) if i % 5 != 1]
     model, tok = minilm()
     names = ["input_ids", "attention_mask", "token_type_ids"]
 
@@ -86,6 +85,13 @@ def test_minilm_real_weights_int8_embeddings_match_fp32(tmp_path):
     args = tuple(torch.from_numpy(v) for v in encode(calib[:2]).values())
     path = export(LastHidden(model, pooled=False), args, tmp_path / "minilm.onnx", dynamo=False, input_names=names,
                   output_names=["last_hidden_state"], dynamic_axes={n: {0: "batch"} for n in names})
+    return path, encode, calib, held_out
+
+
+@pytest.mark.skipif(not _sentences(), reason="numpy has no docstrings (python -OO)")
+def test_minilm_real_weights_int8_embeddings_match_fp32(tmp_path):
+    assert len(_sentences()) >= 200, len(_sentences())
+    path, encode, calib, held_out = minilm_export(tmp_path)
     fp32 = kiln.build(path, kiln.BuildConfig(device="cpu"))
     # the FFN down projections read GELU outputs with outliers: kept in fp32 (the sensitive layers a user pins
     # with --layer-precision NAME=fp32, as TensorRT users do); all 24 int8 gives mean cosine ≈ 0.990 here

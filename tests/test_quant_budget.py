@@ -115,23 +115,11 @@ def test_minilm_budget_search_finds_the_sensitive_ffn_projection(tmp_path):
     """Real all-MiniLM-L6-v2 weights, real sentences: all-int8 misses 'cosine>=0.98' (per-sample cosine of the
     hidden states); the search finds by itself that layer 0's FFN down projection (it reads GELU outliers) is the
     most sensitive, and meets the budget with a few layers float."""
-    from models.text import LastHidden, minilm
-    from test_quant_accuracy import _sentences
+    from test_quant_accuracy import _sentences, minilm_export
 
-    sentences = _sentences()
-    if len(sentences) < 200:
+    if len(_sentences()) < 200:
         pytest.skip("numpy has no docstrings (python -OO)")
-    held_out, calib = sentences[1::5], [s for i, s in enumerate(sentences) if i % 5 != 1]
-    model, tok = minilm()
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-
-    def encode(texts):
-        enc = tok(texts, padding="max_length", truncation=True, max_length=16, return_tensors="np")
-        return {n: enc[n].astype(np.int64) for n in names}
-
-    args = tuple(torch.from_numpy(v) for v in encode(calib[:2]).values())
-    path = export(LastHidden(model, pooled=False), args, tmp_path / "minilm.onnx", dynamo=False, input_names=names,
-                  output_names=["last_hidden_state"], dynamic_axes={n: {0: "batch"} for n in names})
+    path, encode, calib, held_out = minilm_export(tmp_path)
     eng = kiln.build(path, kiln.BuildConfig(device="cpu", int8=True, calibrator="percentile", accuracy="cosine>=0.98"),
                      calib_data=[encode(calib[i:i + 32]) for i in range(0, len(calib), 32)],
                      validation_data=[encode(held_out)])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import kiln  # noqa: E402
 from benchmarks.models import SPECS, instantiate, onnx_file, realistic  # noqa: E402
 from benchmarks.peers import prepare, runner  # noqa: E402
+from kiln.bench.timer import measure  # noqa: E402
 
 CALIB_SAMPLES = 32
 SIZE_TARGET = 0.3
@@ -69,23 +69,9 @@ class Budget:
 
 
 def median_ms(fn, device: str, warmup: int, iterations: int) -> dict:
-    """CUDA events around each call (wall clock on the CPU); the median and the spread."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iterations):
-        if device == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "iterations": iterations}
+    """CUDA events around each call (wall clock on the CPU), through kiln's bench timer: the median and the minimum."""
+    stats = measure(fn, device=device, warmup=warmup, iterations=iterations)
+    return {"median_ms": stats.median, "min_ms": stats.min, "iterations": stats.count}
 
 
 def accuracy(names: list[str], got: list, want: list) -> dict:
