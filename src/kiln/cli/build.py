@@ -10,13 +10,15 @@ import typer
 import kiln
 from kiln.cli.errors import command
 from kiln.cli.options import Device, Json, Shapes, Verbose, parse_memory_pools, parse_shapes
-from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, stdout
+from kiln.cli.output import build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
 from kiln.engine.signing import load_private_key
 from kiln.errors import ConfigError
+from kiln.kinds.qtype import QTYPES
 from kiln.quant.report import int8_summary, ranges_table
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+QTYPES_BY_LABEL = {q.label: q for q in QTYPES.values()}
 
 
 def _flag(name: str, what: str):
@@ -54,9 +56,16 @@ def summary(engine: kiln.Engine, plan: Path) -> dict:
             "backend": engine.device.backend, "onnx_nodes": info.get("onnx_nodes"),
             "imported_layers": info.get("imported_layers"), "layers": info.get("layers"),
             "passes": info.get("passes", {}), "weight_bytes": engine.network.weight_bytes(),
-            "arena_bytes": engine.memory_plan.arena_bytes, "stage_seconds": info.get("stage_seconds", {}),
+            "arena_bytes": engine.memory_plan.arena_bytes, "arena": fmt_arena(engine.memory_plan.to_json()),
+            "stage_seconds": info.get("stage_seconds", {}),
             "build_seconds": info.get("build_seconds"), "notes": info.get("notes", []),
-            **({"int8": int8_summary(info)} if info.get("int8") else {})}
+            **(_quant_summary(info) if info.get("int8") else {})}
+
+
+def _quant_summary(info: dict) -> dict:
+    """The int8 / fp8 rewrite's summary, under the key "int8" or "fp8" (the precision its layers run in)."""
+    q = int8_summary(info)
+    return {q["precision"]: q}
 
 
 def print_summary(s: dict) -> None:
@@ -64,18 +73,18 @@ def print_summary(s: dict) -> None:
     rows = [("plan", f"{s['plan']} ({fmt_bytes(s['plan_bytes'])})"), ("device", f"{s['backend']}: {s['device']}"),
             ("ONNX nodes → layers", f"{s['onnx_nodes']} → {s['layers']} (imported as {s['imported_layers']})"),
             ("passes applied", passes), ("weights", fmt_bytes(s["weight_bytes"])),
-            ("activation arena", fmt_bytes(s["arena_bytes"]) if s["arena_bytes"] is not None
-             else "sized at run time (dynamic shapes)")]
+            ("activation arena", s["arena"])]
     rows += [(f"time: {stage}", f"{sec:.3f} s") for stage, sec in s["stage_seconds"].items()]
     rows.append(("time: total", f"{s['build_seconds']:.3f} s"))
-    if "int8" in s:
-        q = s["int8"]
-        rows.append(("int8 layers", f"{q['int8_layers']} of {q['quantizable_layers']} quantizable layers; scales "
-                                    f"from {q['scales_from']}"))
+    quant = next((s[k] for k in QTYPES_BY_LABEL if k in s), None)
+    if quant:
+        label = quant["precision"]
+        rows.append((f"{label} layers", f"{quant['quantized_layers']} of {quant['quantizable_layers']} quantizable "
+                                        f"layers; scales from {quant['scales_from']}"))
     rows += [("note", note) for note in s["notes"]]
     stdout().print(key_values("Build summary", rows))
-    if "int8" in s and s["int8"]["ranges"]:
-        stdout().print(ranges_table(s["int8"]["ranges"]))
+    if quant and quant["ranges"]:
+        stdout().print(ranges_table(quant["ranges"], QTYPES_BY_LABEL[quant["precision"]]))
 
 
 @command
@@ -86,7 +95,8 @@ def build(
     fp16: _flag("fp16", "Allow fp16 kernels.") = False,
     bf16: _flag("bf16", "Allow bf16 kernels.") = False,
     int8: _flag("int8", "Allow int8 kernels (explicit Q/DQ or calibration).") = False,
-    fp8: _flag("fp8", "Allow fp8 kernels.") = False,
+    fp8: _flag("fp8", "Quantize to fp8 e4m3 (needs --calib or --calib-cache; CUDA: compute capability 8.9+); "
+                      "wins over --int8.") = False,
     tf32: _flag("tf32", "Allow tf32 matmuls and convolutions.") = False,
     shapes: Shapes = None,
     min_shapes: Annotated[Optional[list[str]], typer.Option("--min-shapes", help="Smallest input shapes.")] = None,
@@ -112,7 +122,8 @@ def build(
         "--hardware-compat", help="Devices the plan must run on: none (this GPU model, fastest), same-cc (any GPU "
                                   "of this compute capability) or portable (any GPU from sm80 on).")] = "none",
     calib: Annotated[Optional[Path], typer.Option(
-        "--calib", help="--int8 calibration data: a .npz or a folder of NAME.npy (samples along axis 0).")] = None,
+        "--calib", help="--int8/--fp8 calibration data: a .npz or a folder of NAME.npy (samples along axis 0).")
+                                        ] = None,
     calibrator: Annotated[str, typer.Option(
         "--calibrator", help="How calibration picks a range: entropy, minmax, percentile or mse.")] = "entropy",
     calib_cache: Annotated[Optional[Path], typer.Option(
@@ -122,7 +133,7 @@ def build(
     calib_percentile: Annotated[float, typer.Option(
         "--calib-percentile", help="The percentile calibrator's percentile.")] = 99.99,
     accuracy: Annotated[Optional[str], typer.Option(
-        "--accuracy", help="--int8 accuracy budget vs fp32: 'cosine>=X', 'max-rel<=X' or 'top1-agreement>=X'; "
+        "--accuracy", help="--int8/--fp8 accuracy budget vs fp32: 'cosine>=X', 'max-rel<=X' or 'top1-agreement>=X'; "
                            "the most sensitive layers stay float until it holds.")] = None,
     validation: Annotated[Optional[Path], typer.Option(
         "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, like --calib).")] = None,

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from kiln.cli.errors import command, one_line
 from kiln.cli.options import Json, Verbose, is_onnx
-from kiln.cli.output import add_row, fmt_bytes, key_values, print_json, stdout
+from kiln.cli.output import add_row, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.quant.report import layer_precisions, size_breakdown
 from kiln.engine import plan
 from kiln.engine.serialize import network_from_json
@@ -95,12 +95,15 @@ def describe_plan(path: Path, header_only: bool) -> dict:
               for k, layer in enumerate(net.layers)]
     build = p.manifest.get("build") or {}
     config = p.manifest.get("config") or {}
-    for row, q in zip(layers, layer_precisions(net, build).values()):  # int8: where each layer's scales came from
+    for row, q in zip(layers, layer_precisions(net, build).values()):  # int8/fp8: where each layer's scales came from
         row["scale_source"] = q["scale_source"]
+        if row["kind"] in ("QuantConv", "QuantGemm"):
+            row["precision"] = q["precision"]  # "int8" / "fp8", not the IR type name (float8_e4m3fn)
     return {"file": str(path), "header": header, "config": config, "layers": layers,
             "memory": {"plan_bytes": path.stat().st_size,
                        "weight_bytes": net.weight_bytes() + sum(_bytes(list(x.attrs.values())) for x in net.layers),
                        "arena_bytes": (p.manifest.get("memory") or {}).get("arena_bytes"),
+                       "arena": fmt_arena(p.manifest.get("memory") or {}),
                        "workspace_limit_bytes": config.get("workspace_bytes")},
             "size": _size_breakdown(path, p.tensors) | {"by_content": size_breakdown(net)},
             "totals": {"layers": len(layers), "onnx_nodes": build.get("onnx_nodes"),
@@ -201,14 +204,13 @@ def print_plan(d: dict) -> None:
                 _tactic(row))
     stdout().print(table)
     m, t, z = d["memory"], d["totals"], d["size"]
-    arena = fmt_bytes(m["arena_bytes"]) if m["arena_bytes"] is not None else "sized at run time (dynamic shapes)"
     workspace = m["workspace_limit_bytes"]
     rows = [("plan file", fmt_bytes(m["plan_bytes"])),
             ("  header", fmt_bytes(z["header"])), ("  manifest (layers, tactics, config)", fmt_bytes(z["manifest"])),
             *((f"  weights {dtype}", fmt_bytes(n)) for dtype, n in z["weights_by_dtype"].items()),
             ("  other (weights index, padding)", fmt_bytes(z["other"])),
             *((f"weights by content: {k}", fmt_bytes(n)) for k, n in z.get("by_content", {}).items()),
-            ("weights on the device", fmt_bytes(m["weight_bytes"])), ("activation arena", arena),
+            ("weights on the device", fmt_bytes(m["weight_bytes"])), ("activation arena", m["arena"]),
             ("workspace", f"at most {fmt_bytes(workspace)} per kernel" if workspace is not None
              else "no limit set (kernels take what their library asks for)"),
             ("ONNX nodes → layers", f"{t['onnx_nodes']} → {t['layers']}"),

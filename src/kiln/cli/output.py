@@ -49,6 +49,16 @@ def fmt_bytes(n: int | None) -> str:
             return f"{n:.1f} {unit}"
 
 
+def fmt_arena(memory: dict) -> str:
+    """The activation arena of a plan's memory section: size, and how many activations live in it."""
+    if memory.get("arena_bytes") is None:
+        return "sized at run time (dynamic shapes): activations from torch's allocator"
+    placed, own = len(memory.get("offsets") or {}), memory.get("unplaced", 0)
+    return (f"{fmt_bytes(memory['arena_bytes'])}: {placed} activations at planned offsets, {own} in memory their "
+            "kernels allocate (cuDNN fused convs, SDPA, references)" if own else
+            f"{fmt_bytes(memory['arena_bytes'])}: all {placed} activations at planned offsets")
+
+
 def key_values(title: str, rows: list[tuple[str, object]]) -> Table:
     """A two-column table of labelled values."""
     table = Table(title=title, show_header=False, title_justify="left")

@@ -35,11 +35,14 @@ class Engine:
         self.build_info = dict(build_info or {})
         self.header = header
         self.tuned_for = tuned_for or device.fingerprint()  # the device fingerprint its tactics were chosen on
-        self.memory_plan = plan_memory(network)
         self.weights = {k: to_device(v, device.torch_device) for k, v in network.constants.items()}
         self.has_dynamic_inputs = any(not network.tensors[n].is_static for n in network.inputs)
         self.tactics = {l.name: (tactics or {}).get(l.name) or Choice(registry.REFERENCE) for l in network.layers}
+        self.compiled: dict[str, registry.Tactic] = {}  # layer → the tactic its kernel came from
         self.kernels = [self._compile(layer) for layer in network.layers]
+        t = self.compiled
+        self.memory_plan = plan_memory(network, placed={n for n in t if t[n].writes_out},
+                                       fresh={n for n in t if t[n].fresh or t[n].writes_out})
 
     def _compile(self, layer) -> Kernel:
         """The layer's kernel from its chosen tactic; a tactic that no longer compiles falls back to the reference."""
@@ -51,7 +54,10 @@ class Engine:
             kernel = registry.reference_kernel(spec)
             return with_host_constants(kernel, host) if host and self.device.backend == "cuda" else kernel
         try:
-            return registry.get(choice.tactic).compile(spec, choice.config, self.device)
+            tactic = registry.get(choice.tactic)
+            kernel = tactic.compile(spec, choice.config, self.device)
+            self.compiled[layer.name] = tactic
+            return kernel
         except Exception as e:  # recorded, and the engine still runs correctly
             self.build_info.setdefault("load_notes", []).append(
                 f"layer {layer.name!r}: tactic {choice.tactic} failed to compile here ({type(e).__name__}: {e}); "

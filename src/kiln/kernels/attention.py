@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import DEFAULT_SMEM, dot_precision, pow2, upcast_dot
+from kiln.kernels.out_buffer import take
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 MASK_NONE, MASK_ADD, MASK_BOOL = 0, 1, 2
@@ -107,16 +108,17 @@ def configs(sq: int | None, d: int, dv: int, itemsize: int, smem: int, level: in
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
               causal: bool = False, scale: float | None = None, config: dict | None = None,
-              tf32: bool = False, heads_inner: bool = False) -> torch.Tensor:
+              tf32: bool = False, heads_inner: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(scale · q kᵀ + mask) v for (B, H, S, D) tensors of any strides; the result has q's dtype and
-    shape (B, Hq, Sq, Dv), laid out as (B, Sq, Hq, Dv) when `heads_inner` (heads merged back by a view)."""
+    shape (B, Hq, Sq, Dv), laid out as (B, Sq, Hq, Dv) when `heads_inner` (heads merged back by a view); in
+    `out`'s bytes when given."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
     cfg = config or configs(sq, d, dv, q.element_size(), DEFAULT_SMEM, 0)[0]
     if heads_inner:
-        o = torch.empty((bsz, sq, hq, dv), dtype=q.dtype, device=q.device).transpose(1, 2)
+        o = take(out, (bsz, sq, hq, dv), q.dtype, q.device).transpose(1, 2)
     else:
-        o = torch.empty((bsz, hq, sq, dv), dtype=q.dtype, device=q.device)
+        o = take(out, (bsz, hq, sq, dv), q.dtype, q.device)
     if o.numel() == 0:
         return o
     kind = MASK_NONE if mask is None else MASK_BOOL if mask.dtype == torch.bool else MASK_ADD

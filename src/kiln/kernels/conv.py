@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, pow2, upcast_dot
+from kiln.kernels.out_buffer import take
 
 PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # configs offered per opt level; all from level 4
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
@@ -91,8 +92,9 @@ def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, activation: str = "none",
            act_alpha: float = 1.0, act_beta: float = 0.0, config: dict | None = None,
-           tf32: bool = False) -> torch.Tensor:
-    """act(conv2d(x, w) + bias + residual) as an NCHW-shaped, channels_last tensor in x's dtype.
+           tf32: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(conv2d(x, w) + bias + residual) as an NCHW-shaped, channels_last tensor in x's dtype (in `out`'s bytes
+    when given).
 
     x [N, C, H, W] (any strides); w_packed from `pack_weight`; pads [top, left, bottom, right]."""
     if activation not in ACTIVATIONS:
@@ -101,7 +103,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], str
     (sh, sw), (dh, dw) = strides, dilations
     oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    y = torch.empty((n, co, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    y = take(out, (n, co, oh, ow), x.dtype, x.device, torch.channels_last)
     if y.numel() == 0:
         return y
     cfg = config or configs(n * oh * ow, co, c, x.element_size(), DEFAULT_SMEM, 1)[0]

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, pow2, upcast_dot
+from kiln.kernels.out_buffer import take
 
 TILES_WANTED = 64  # the default config shrinks tiles until a problem has this many (enough to fill most GPUs)
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -111,13 +112,14 @@ def configs(m: int | None, n: int, k: int, itemsize: int, smem: int, level: int)
 
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, alpha: float = 1.0,
            beta: float = 1.0, activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
-           config: dict | None = None, tf32: bool = False) -> torch.Tensor:
-    """act(alpha · a @ w + beta · bias) in a's dtype; a (M, K), w (K, N), bias broadcastable to (M, N)."""
+           config: dict | None = None, tf32: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(alpha · a @ w + beta · bias) in a's dtype; a (M, K), w (K, N), bias broadcastable to (M, N);
+    written into `out`'s bytes when given."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     (m, k), n = a.shape, w.shape[1]
     cfg = config or default_config(m, n, k, a.element_size(), DEFAULT_SMEM)
-    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    c = take(out, (m, n), a.dtype, a.device)
     if m == 0 or n == 0:
         return c
     b = bias.expand(m, n) if bias is not None else c

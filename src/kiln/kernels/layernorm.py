@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import row_config
+from kiln.kernels.out_buffer import take
 
 
 
@@ -52,14 +53,14 @@ def _layernorm_kernel(x, w, b, y, N, s_x, s_y, eps, HAS_BIAS: tl.constexpr, BLOC
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-               config: dict | None = None) -> torch.Tensor:
-    """LayerNorm of x over its last dim; weight and bias hold the last dim's N values."""
+               config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm of x over its last dim; weight and bias hold the last dim's N values; in `out`'s bytes when given."""
     n = x.shape[-1]
     cfg = config or row_config(n)
     x2 = x.reshape(-1, n)
     if x2.numel() and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = take(out, x.shape, x.dtype, x.device)
     if x2.numel() == 0:
         return y
     w = weight.reshape(-1)
@@ -96,16 +97,17 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def add_layer_norm(a: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-                   config: dict | None = None, want_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   config: dict | None = None, want_sum: bool = True,
+                   out: tuple = (None, None)) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(LayerNorm(a + r) over the last dim, a + r) in one pass; a and r have one shape, rows of ≤ BLOCK values.
-    The sum is None when not `want_sum`."""
+    The sum is None when not `want_sum`; `out` holds byte buffers for the two results (or None)."""
     n = a.shape[-1]
     cfg = config or row_config(n)
     if n > cfg["BLOCK"]:
         raise ValueError(f"rows of {n} values do not fit one block of {cfg['BLOCK']}")
     a2, r2 = _rows(a, n), _rows(r, n)
-    y = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    s = torch.empty(a.shape, dtype=a.dtype, device=a.device) if want_sum else None
+    y = take(out[0], a.shape, a.dtype, a.device)
+    s = take(out[1], a.shape, a.dtype, a.device) if want_sum else None
     if a2.numel():
         w = weight.reshape(-1)
         b = bias.reshape(-1) if bias is not None else w

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import activate
+from kiln.kernels.out_buffer import take
 
 # kind -> (activation name or a function of the attrs giving it, (alpha attr, default), (beta attr, default))
 OPS = {
@@ -45,11 +46,11 @@ def resolve(kind: str, attrs: dict) -> tuple[str, float, float]:
 
 
 def apply(x: torch.Tensor, activation: str, alpha: float = 0.0, beta: float = 0.0,
-          config: dict | None = None) -> torch.Tensor:
-    """act(x) elementwise in x's dtype."""
+          config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x) elementwise in x's dtype, in `out`'s bytes when given."""
     cfg = config or CONFIGS[0]
     src = x.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = take(out, x.shape, x.dtype, x.device)
     n = src.numel()
     if n:
         _pointwise_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](src, y, n, float(alpha), float(beta), ACT=activation,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import row_config
+from kiln.kernels.out_buffer import take
 
 
 
@@ -43,14 +44,14 @@ def _softmax_kernel(x, y, N, s_x, s_y, BLOCK: tl.constexpr, ONE_PASS: tl.constex
             tl.store(y + start + cols, (tl.exp(v - row_max) / total).to(y.dtype.element_ty), mask=inside)
 
 
-def softmax(x: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """Softmax of x over its last dim, in x's dtype (computed in fp32)."""
+def softmax(x: torch.Tensor, config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax of x over its last dim, in x's dtype (computed in fp32), in `out`'s bytes when given."""
     n = x.shape[-1] if x.dim() else 1
     cfg = config or row_config(n)
     x2 = x.reshape(-1, n)
     if x2.numel() and x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = take(out, x.shape, x.dtype, x.device)
     if x2.numel() == 0:
         return y
     _softmax_kernel[(x2.shape[0],)](x2, y, n, x2.stride(0), n, BLOCK=cfg["BLOCK"], ONE_PASS=n <= cfg["BLOCK"],

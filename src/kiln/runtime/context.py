@@ -16,6 +16,7 @@ from kiln.errors import InputError, InternalError, KilnError
 from kiln.ir import Layer, Network, Tensor
 from kiln.ir.dtype import DType, move, to_numpy
 from kiln.kinds import run_reference
+from kiln.runtime.arena import Arena
 from kiln.runtime.cuda_graph import GraphCache
 from kiln.runtime.io import as_torch, check_feeds, fetch, upload
 from kiln.tactics.registry import Kernel
@@ -24,15 +25,22 @@ Failure = Callable[[Layer, Exception], Exception]
 
 
 def run_layers(net: Network, values: dict[str, Any], fail: Failure, release: list[list[str]] | None = None,
-               keep: set[str] = frozenset(), kernels: list[Kernel] | None = None) -> None:
+               keep: set[str] = frozenset(), kernels: list[Kernel] | None = None,
+               buffers: list[list | None] | None = None) -> None:
     """Run `net`'s layers in order over `values` (updated in place); `fail` turns a layer's error into ours.
 
-    `kernels` (one per layer: the engine's compiled tactics) replace the layers' references where given.
+    `kernels` (one per layer: the engine's compiled tactics) replace the layers' references where given;
+    `buffers` (per layer: its outputs' places in the activation arena, or None) are handed to them as `out`.
     """
     for step, layer in enumerate(net.layers):
         args = [values[n] if n else None for n in layer.inputs]
         try:
-            outs = kernels[step](args) if kernels else run_reference(layer.kind, args, layer.attrs)
+            if not kernels:
+                outs = run_reference(layer.kind, args, layer.attrs)
+            elif buffers and buffers[step] is not None:
+                outs = kernels[step](args, out=buffers[step])
+            else:
+                outs = kernels[step](args)
         except KilnError:
             raise
         except (RuntimeError, ValueError, IndexError) as e:
@@ -112,6 +120,7 @@ class ExecutionContext:
         use_graph = engine.config.cuda_graph if cuda_graph is None else cuda_graph
         self.stream = torch.cuda.Stream() if cuda else None
         self.graphs = GraphCache(self.stream) if cuda and use_graph else None
+        self.arena = Arena(engine)
 
     def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None) -> dict[str, Any]:
         """Run the engine. numpy in → numpy out; torch or DLPack in → torch out (on the engine's device).
@@ -184,10 +193,14 @@ class ExecutionContext:
         net = self.engine.network
         values: dict[str, Any] = dict(self.engine.weights)
         values.update(inputs)
+        buffers = None if keep else self.arena.buffers  # kept intermediates outlive their arena places
         with torch.inference_mode():
-            run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, self.engine.kernels)
-        # layout layers may leave an output as a view (strided, or aliasing another value): hand back dense tensors
-        return {n: _dense(values[n]) for n in list(net.outputs) + sorted(keep - set(net.outputs))}
+            run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, self.engine.kernels,
+                       buffers)
+        # layout layers may leave an output as a view (strided, or aliasing another value, arena memory included):
+        # hand back dense tensors of their own
+        names = list(net.outputs) + sorted(keep - set(net.outputs))
+        return {n: values[n].clone() if self.arena.holds(values[n]) else _dense(values[n]) for n in names}
 
     @property
     def eager_reasons(self) -> dict:

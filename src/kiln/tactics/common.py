@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 
+from kiln.kernels.out_buffer import take
 from kiln.tactics.spec import LayerSpec, ValueSpec
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -17,6 +19,22 @@ def float_io(spec: LayerSpec) -> str | None:
     if len(dtypes) != 1 or next(iter(dtypes)) not in FLOATS:
         return f"needs one float dtype among fp32/fp16/bf16, got {sorted(map(str, dtypes))}"
     return None
+
+
+def first(out: list | None):
+    """The first output's buffer from a kernel's `out` list (None when the engine gives none)."""
+    return out[0] if out else None
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, w, bias) (cuBLASLt, bias epilogue), written into `out`'s bytes when given (mm / addmm out=,
+    the same cuBLAS path F.linear takes); a bias that is not one value per column takes F.linear's own memory."""
+    if out is None or (bias is not None and bias.dim() != 1) or x.dim() < 2:
+        return F.linear(x, w, bias)
+    x2 = x.reshape(-1, x.shape[-1])
+    y = take(out, (x2.shape[0], w.shape[0]), x.dtype, x.device)
+    torch.mm(x2, w.t(), out=y) if bias is None else torch.addmm(bias, x2, w.t(), out=y)
+    return y.view(*x.shape[:-1], w.shape[0])
 
 
 def rank(v: ValueSpec | None) -> int | None:

@@ -26,6 +26,8 @@ class Tactic:
 
     `arch_specific`: uses instructions of one GPU architecture (fp8, TMA, wgmma-only); `card_specific`: its
     configurations are sized by this card (SM count, L2). `--hardware-compat` builds leave such tactics out.
+    `writes_out`: its kernels take `out`, one byte buffer (or None) per output, and write the outputs there (the
+    activation arena); `fresh`: its outputs never alias its inputs (true of every tactic that writes_out).
     """
 
     name: str
@@ -38,6 +40,8 @@ class Tactic:
     untimed: bool = False  # costs no device time (a view): taken without timing when it supports the layer
     arch_specific: bool = False
     card_specific: bool = False
+    writes_out: bool = False
+    fresh: bool = False
 
 
 TACTICS: dict[str, Tactic] = {}

@@ -68,4 +68,4 @@ def _supports_all(spec: LayerSpec, device) -> str | None:
     return reason
 
 
-register(Tactic("sdpa", ("Attention",), _compile, _supports_all, _configs, priority=10))
+register(Tactic("sdpa", ("Attention",), _compile, _supports_all, _configs, priority=10, fresh=True))

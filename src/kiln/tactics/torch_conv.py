@@ -48,4 +48,4 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("cudnn_conv", ("Conv",), _compile, _supports, _configs, priority=10))
+register(Tactic("cudnn_conv", ("Conv",), _compile, _supports, _configs, priority=10, fresh=True))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kiln.tactics import torch_conv
-from kiln.tactics.common import float_io, rank, rowwise, tf32
+from kiln.tactics.common import first, float_io, linear, rank, rowwise, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 
@@ -20,10 +20,18 @@ _ACT = {
     "Gelu": lambda y, p: F.gelu(y), "GeluTanh": lambda y, p: F.gelu(y, approximate="tanh"),
     "LeakyRelu": lambda y, p: F.leaky_relu(y, p[0]), "Clip": lambda y, p: torch.clamp(y, p[0], p[1]),
 }
+_ACT_IN_PLACE = {
+    "none": lambda y, p: y, "Relu": lambda y, p: F.relu_(y), "Sigmoid": lambda y, p: y.sigmoid_(),
+    "Tanh": lambda y, p: y.tanh_(), "HardSwish": lambda y, p: F.hardswish(y, inplace=True),
+    "SiLU": lambda y, p: F.silu(y, inplace=True), "Gelu": lambda y, p: torch.ops.aten.gelu_(y),
+    "GeluTanh": lambda y, p: torch.ops.aten.gelu_(y, approximate="tanh"),
+    "LeakyRelu": lambda y, p: F.leaky_relu_(y, p[0]), "Clip": lambda y, p: y.clamp_(p[0], p[1]),
+}
 
 
-def _epilogue(spec: LayerSpec):
-    fn, params = _ACT[spec.attrs["activation"]], spec.attrs["activation_params"]
+def _epilogue(spec: LayerSpec, in_place: bool = False):
+    """The layer's activation as y → act(y); `in_place` overwrites y (a GEMM's own fresh result)."""
+    fn, params = (_ACT_IN_PLACE if in_place else _ACT)[spec.attrs["activation"]], spec.attrs["activation_params"]
     return lambda y: fn(y, params)
 
 
@@ -97,12 +105,12 @@ def _compile_gemm(spec: LayerSpec, config, device):
     w = spec.inputs[1].const
     w = (w if spec.attrs["trans_b"] else w.t()).contiguous()  # [N, K]
     b = spec.inputs[2].const if len(spec.inputs) > 2 and spec.inputs[2] is not None else None
-    act, allow = _epilogue(spec), spec.tf32
+    act_, allow = _epilogue(spec, in_place=True), spec.tf32
 
-    def run(inputs):
+    def run(inputs, out=None):
         bias = b if b is not None else (inputs[2] if len(inputs) > 2 else None)
         with tf32(allow):
-            return [rowwise(lambda x: act(F.linear(x, w, bias)), inputs[0])]
+            return [rowwise(lambda x: act_(linear(x, w, bias, first(out))), inputs[0])]
 
     return run
 
@@ -159,8 +167,10 @@ def _compile_add_ln(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_conv, _conv_configs, priority=10))
-register(Tactic("cublaslt_fused_gemm", ("FusedGemm",), _compile_gemm, _supports_gemm, priority=10))
+register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_conv, _conv_configs, priority=10,
+                fresh=True))
+register(Tactic("cublaslt_fused_gemm", ("FusedGemm",), _compile_gemm, _supports_gemm, priority=10,
+                writes_out=True))
 register(Tactic("sdpa_fused_attention", ("FusedAttention",), _compile_attention, _supports_attention,
-                lambda spec, device, level: [{"backend": b} for b in _BACKENDS], priority=10))
-register(Tactic("torch_add_layernorm", ("AddLayerNorm",), _compile_add_ln, _supports_add_ln, priority=10))
+                lambda spec, device, level: [{"backend": b} for b in _BACKENDS], priority=10, fresh=True))
+register(Tactic("torch_add_layernorm", ("AddLayerNorm",), _compile_add_ln, _supports_add_ln, priority=10, fresh=True))

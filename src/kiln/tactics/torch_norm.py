@@ -47,5 +47,5 @@ def _compile_softmax(spec: LayerSpec, config, device):
     return lambda inputs: [torch.softmax(inputs[0], axis)]
 
 
-register(Tactic("torch_layernorm", ("LayerNormalization",), _compile_ln, _supports_ln, priority=10))
-register(Tactic("torch_softmax", ("Softmax",), _compile_softmax, _supports_softmax, priority=10))
+register(Tactic("torch_layernorm", ("LayerNormalization",), _compile_ln, _supports_ln, priority=10, fresh=True))
+register(Tactic("torch_softmax", ("Softmax",), _compile_softmax, _supports_softmax, priority=10, fresh=True))

@@ -48,7 +48,7 @@ def _compile_global(spec: LayerSpec, config, device):
     return lambda inputs: [inputs[0].mean(dim=dims, keepdim=True, dtype=torch.float32).to(inputs[0].dtype)]
 
 
-register(Tactic("torch_pool", ("MaxPool", "AveragePool"), _compile_window, _supports_window, priority=10))
+register(Tactic("torch_pool", ("MaxPool", "AveragePool"), _compile_window, _supports_window, priority=10, fresh=True))
 register(Tactic("torch_global_pool", ("GlobalAveragePool", "GlobalMaxPool"), _compile_global,
                 lambda spec, device: (None if rank(spec.inputs[0]) in (3, 4, 5) else "input rank unknown")
-                or float_io(spec), priority=10))
+                or float_io(spec), priority=10, fresh=True))

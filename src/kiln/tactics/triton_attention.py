@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kiln.kernels import attention
 from kiln.kernels.common import smem_limit
-from kiln.tactics.common import rank
+from kiln.tactics.common import first, rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.torch_attention import _supports as _sdpa_supports
@@ -53,9 +53,10 @@ def _shape_reason(q: tuple, k: tuple, v: tuple, mask, full: tuple) -> str | None
 def _compile(spec: LayerSpec, config, device):
     causal, scale, tf32 = bool(spec.attrs.get("is_causal")), spec.attrs.get("scale"), spec.tf32
 
-    def run(inputs):
+    def run(inputs, out=None):
         mask = inputs[3] if len(inputs) > 3 else None
-        return [attention.attention(*inputs[:3], mask, causal=causal, scale=scale, config=config, tf32=tf32)]
+        return [attention.attention(*inputs[:3], mask, causal=causal, scale=scale, config=config, tf32=tf32,
+                                    out=first(out))]
 
     return run
 
@@ -84,7 +85,7 @@ def _configs(spec: LayerSpec, device, level: int):
 def _compile_fused(spec: LayerSpec, config, device):
     scale, tf32 = spec.attrs.get("scale"), spec.tf32
 
-    def run(inputs):
+    def run(inputs, out=None):
         q, kt, v = inputs[:3]
         mask = inputs[3] if len(inputs) > 3 else None
         three_d = q.dim() == 3
@@ -93,12 +94,13 @@ def _compile_fused(spec: LayerSpec, config, device):
             mask = mask.unsqueeze(-3) if mask is not None and mask.dim() == 3 else mask
         # 4-D: the output in (B, S, H, D) memory, so the usual head merge (transpose, reshape) is a view
         y = attention.attention(q, kt.transpose(-1, -2), v, mask, scale=scale, config=config, tf32=tf32,
-                                heads_inner=not three_d)
+                                heads_inner=not three_d, out=first(out))
         return [y.squeeze(1) if three_d else y]
 
     return run
 
 
-register(Tactic("triton_flash_attention", ("Attention",), _compile, _supports, _configs, priority=20))
+register(Tactic("triton_flash_attention", ("Attention",), _compile, _supports, _configs, priority=20,
+                writes_out=True))
 register(Tactic("triton_fused_attention", ("FusedAttention",), _compile_fused, _supports_fused, _configs,
-                priority=20))
+                priority=20, writes_out=True))

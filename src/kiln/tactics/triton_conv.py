@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kiln.kernels import conv
 from kiln.kernels.common import smem_limit
-from kiln.tactics.common import rank
+from kiln.tactics.common import first, rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import io_reason
@@ -47,12 +47,13 @@ def _compile(spec: LayerSpec, config, device):
     tiles = {k: config[k] for k in conv.CONFIG_KEYS}
     tf32 = spec.tf32
 
-    def run(inputs):
+    def run(inputs, out=None):
         x, _, bias, residual = (list(inputs) + [None] * 4)[:4]
         return [conv.conv2d(x, w, kernel, strides, pads, dilations, bias, residual, activation=act,
-                            act_alpha=act_alpha, act_beta=act_beta, config=tiles, tf32=tf32)]
+                            act_alpha=act_alpha, act_beta=act_beta, config=tiles, tf32=tf32, out=first(out))]
 
     return run
 
 
-register(Tactic("triton_conv", ("Conv", "FusedConv"), _compile, _supports, _configs, priority=30))
+register(Tactic("triton_conv", ("Conv", "FusedConv"), _compile, _supports, _configs, priority=30,
+                writes_out=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kiln.kernels import gemm
 from kiln.kernels.common import smem_limit
-from kiln.tactics.common import rank, rowwise
+from kiln.tactics.common import first, rank, rowwise
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import io_reason, rows
@@ -57,14 +57,14 @@ def _compile_matmul(spec: LayerSpec, config, device):
     act, act_alpha, act_beta = _epilogue(spec.attrs)
     tf32 = spec.tf32
 
-    def rows(a, bias):
+    def rows(a, bias, buf):
         y = gemm.matmul(a.reshape(-1, a.shape[-1]), w, bias, activation=act, act_alpha=act_alpha,
-                        act_beta=act_beta, config=config, tf32=tf32)
+                        act_beta=act_beta, config=config, tf32=tf32, out=buf)
         return y.reshape(*a.shape[:-1], w.shape[1])
 
-    def run(inputs):
+    def run(inputs, out=None):
         bias = inputs[2] if len(inputs) > 2 else None
-        return [rowwise(lambda a: rows(a, bias), inputs[0])]
+        return [rowwise(lambda a: rows(a, bias, first(out)), inputs[0])]
 
     return run
 
@@ -89,15 +89,17 @@ def _compile_gemm(spec: LayerSpec, config, device):
     w = (b.t() if a["transB"] else b).contiguous()
     trans_a, alpha, beta, tf32 = a["transA"], a["alpha"], a["beta"], spec.tf32
 
-    def run(inputs):
+    def run(inputs, out=None):
         x = inputs[0].t() if trans_a else inputs[0]
         c = inputs[2] if len(inputs) > 2 else None
-        return [gemm.matmul(x, w, c, alpha=alpha, beta=beta, config=config, tf32=tf32)]
+        return [gemm.matmul(x, w, c, alpha=alpha, beta=beta, config=config, tf32=tf32, out=first(out))]
 
     return run
 
 
-register(Tactic("triton_matmul", ("MatMul",), _compile_matmul, _supports_matmul, _configs_matmul, priority=20))
+register(Tactic("triton_matmul", ("MatMul",), _compile_matmul, _supports_matmul, _configs_matmul, priority=20,
+                writes_out=True))
 register(Tactic("triton_fused_gemm", ("FusedGemm",), _compile_matmul, _supports_matmul, _configs_matmul,
-                priority=20))
-register(Tactic("triton_gemm", ("Gemm",), _compile_gemm, _supports_gemm, _configs_gemm, priority=20))
+                priority=20, writes_out=True))
+register(Tactic("triton_gemm", ("Gemm",), _compile_gemm, _supports_gemm, _configs_gemm, priority=20,
+                writes_out=True))

@@ -7,7 +7,7 @@ import math
 
 from kiln.kernels import layernorm, softmax
 from kiln.kernels.common import MAX_ROW_BLOCK, row_configs
-from kiln.tactics.common import rank
+from kiln.tactics.common import first, rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import io_reason
@@ -45,8 +45,9 @@ def _supports_ln(spec: LayerSpec, device) -> str | None:
 def _compile_ln(spec: LayerSpec, config, device):
     eps = spec.attrs.get("epsilon", 1e-5)
 
-    def run(inputs):
-        return [layernorm.layer_norm(inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, eps, config)]
+    def run(inputs, out=None):
+        return [layernorm.layer_norm(inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, eps, config,
+                                     first(out))]
 
     return run
 
@@ -63,7 +64,7 @@ def _supports_softmax(spec: LayerSpec, device) -> str | None:
 
 
 def _compile_softmax(spec: LayerSpec, config, device):
-    return lambda inputs: [softmax.softmax(inputs[0], config)]
+    return lambda inputs, out=None: [softmax.softmax(inputs[0], config, first(out))]
 
 
 def _supports_add_ln(spec: LayerSpec, device) -> str | None:
@@ -85,14 +86,17 @@ def _compile_add_ln(spec: LayerSpec, config, device):
     eps = spec.attrs.get("epsilon", 1e-5)
     want_sum = len(spec.outputs) > 1 and spec.outputs[1].dtype is not None
 
-    def run(inputs):
+    def run(inputs, out=None):
         bias = inputs[3] if len(inputs) > 3 else None
-        return list(layernorm.add_layer_norm(inputs[0], inputs[1], inputs[2], bias, eps, config, want_sum))
+        bufs = (list(out) + [None, None])[:2] if out else (None, None)
+        return list(layernorm.add_layer_norm(inputs[0], inputs[1], inputs[2], bias, eps, config, want_sum, bufs))
 
     return run
 
 
-register(Tactic("triton_layernorm", ("LayerNormalization",), _compile_ln, _supports_ln, _configs, priority=20))
-register(Tactic("triton_softmax", ("Softmax",), _compile_softmax, _supports_softmax, _configs, priority=20))
+register(Tactic("triton_layernorm", ("LayerNormalization",), _compile_ln, _supports_ln, _configs, priority=20,
+                writes_out=True))
+register(Tactic("triton_softmax", ("Softmax",), _compile_softmax, _supports_softmax, _configs, priority=20,
+                writes_out=True))
 register(Tactic("triton_add_layernorm", ("AddLayerNorm",), _compile_add_ln, _supports_add_ln, _configs_add_ln,
-                priority=20))
+                priority=20, writes_out=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kiln.kernels import pointwise
+from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import io_reason
@@ -18,7 +19,8 @@ def _configs(spec: LayerSpec, device, level: int):
 
 def _compile(spec: LayerSpec, config, device):
     act, alpha, beta = pointwise.resolve(spec.kind, spec.attrs)
-    return lambda inputs: [pointwise.apply(inputs[0], act, alpha, beta, config)]
+    return lambda inputs, out=None: [pointwise.apply(inputs[0], act, alpha, beta, config, first(out))]
 
 
-register(Tactic("triton_pointwise", tuple(pointwise.OPS), _compile, _supports, _configs, priority=20))
+register(Tactic("triton_pointwise", tuple(pointwise.OPS), _compile, _supports, _configs, priority=20,
+                writes_out=True))
