@@ -65,12 +65,12 @@ class BuildConfig:
     cuda_graph: bool = True
     workspace_bytes: int | None = None   # most transient memory one kernel may take (--memory-pool workspace=)
     fold_budget_bytes: int = 64 * 2**20
-    calib: str | None = None            # --int8 calibration data: .npz, folder of NAME.npy, or .npy
+    calib: str | None = None            # --int8 / --fp8 calibration data: .npz, folder of NAME.npy, or .npy
     calibrator: str = "entropy"         # minmax | entropy | percentile | mse (kiln.quant.calibrators)
     calib_cache: str | None = None      # calibration cache JSON: read when it fits, written after calibrating
     calib_batch: int = 16               # samples per calibration batch (the scales do not depend on it)
     calib_percentile: float = 99.99
-    accuracy: str | None = None         # --int8 accuracy budget, e.g. "cosine>=0.995" (kiln.quant.budget)
+    accuracy: str | None = None         # --int8/--fp8 accuracy budget, e.g. "cosine>=0.995" (kiln.quant.budget)
     validation: str | None = None       # the budget's validation data (.npz or folder of NAME.npy)
     hardware_compat: str = "none"   # none | same-cc | portable: the devices the plan's tactics must be valid on
 
@@ -95,8 +95,9 @@ class BuildConfig:
         if self.accuracy is not None:
             from kiln.quant.budget import AccuracyBudget
             AccuracyBudget.parse(self.accuracy)
-            if not self.int8:
-                raise ConfigError("--accuracy chooses which layers run int8: add --int8 (and --calib DATA)")
+            if not (self.int8 or self.fp8):
+                raise ConfigError("--accuracy chooses which layers run int8 (or fp8): add --int8 or --fp8 (and "
+                                  "--calib DATA)")
         for name in ("calib", "calib_cache", "validation"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, str(Path(getattr(self, name))))

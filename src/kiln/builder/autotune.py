@@ -16,6 +16,7 @@ import torch
 
 from kiln.builder.timing_cache import CachedChoice, TimingCache, environment_key
 from kiln.ir import DType, Network
+from kiln.kinds import qtype as qtypes
 from kiln.tactics import registry
 from kiln.tactics.spec import LayerSpec, layer_spec
 
@@ -28,6 +29,11 @@ TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfl
 QUANTIZED = ("QuantConv", "QuantGemm")
 QUANT_INT8_LSB = 1
 FP16_ULP = 2.0 ** -10
+# fp8 layers (qtype fp8e4m3) sum exact products in fp32, or narrower inside the MMA unit between promotions, in
+# any order: an fp32/fp16 output within 2e-3 relative plus 1e-3 of the output's range (many times the expected
+# error, far below an fp8 step of 1/16); an fp8 output within one e4m3 step (1/8 of the value, 2⁻⁹ near zero).
+FP8_FLOAT_TOL = (2e-3, 1e-3)
+FP8_STEP = (2.0 ** -3, 2.0 ** -9)
 
 
 @dataclass
@@ -57,6 +63,8 @@ def _random_input(v, device) -> Any:
         return v.const
     if v.dtype is DType.INT8:  # quantized activations: spread over the whole int8 range, as calibrated ones are
         return torch.randint(-127, 128, v.shape, device=device, dtype=torch.int8)
+    if v.dtype is DType.FP8E4M3:  # the same for fp8: most of the e4m3 range, a few values saturated at ±448
+        return (torch.randn(v.shape, device=device) * 128).clamp(-448, 448).to(torch.float8_e4m3fn)
     if v.dtype is DType.BOOL:  # masks: mostly True, so rows with nothing attended stay rare
         return torch.rand(v.shape, device=device) < 0.9
     return (torch.randn(v.shape, device=device) * 0.5).to(v.dtype.torch)
@@ -72,8 +80,8 @@ def _in_layout(inputs: list, spec: LayerSpec, config: dict) -> list:
             for x, v in zip(inputs, spec.inputs)]
 
 
-def _close(got: list, want: list, tf32: bool, quantized: bool = False) -> str | None:
-    """None if `got` matches `want` output by output, else what differs."""
+def _close(got: list, want: list, tf32: bool, quantized: bool = False, fp8: bool = False) -> str | None:
+    """None if `got` matches `want` output by output, else what differs (`fp8`: a quantized layer of qtype fp8)."""
     for i, (g, w) in enumerate(zip(got, want)):
         if w is None:
             continue
@@ -87,6 +95,9 @@ def _close(got: list, want: list, tf32: bool, quantized: bool = False) -> str | 
             amax = w.float().abs().max().item() if w.numel() else 0.0
             rtol = FP16_ULP if w.dtype == torch.float16 else 1e-4  # fp16 out: one rounding, 1 ulp apart at most
             rtol, atol = (0, QUANT_INT8_LSB) if w.dtype == torch.int8 else (rtol, 1e-5 * amax + 1e-6)
+            if fp8:
+                rtol, atol = FP8_STEP if w.dtype == torch.float8_e4m3fn else \
+                    (FP8_FLOAT_TOL[0], FP8_FLOAT_TOL[1] * amax + 1e-6)
         if not torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol, equal_nan=True):
             err = (g.float() - w.float()).abs().max().item()
             return f"wrong result: output {i} differs by up to {err:.3g} (rtol {rtol}, atol {atol})"
@@ -182,7 +193,8 @@ class Autotuner:
                     args = _in_layout(inputs, spec, config)
                     try:
                         kernel = tactic.compile(spec, config, self.device)
-                        why = _close(kernel(args), want, self.tf32, spec.kind in QUANTIZED)
+                        why = _close(kernel(args), want, self.tf32, spec.kind in QUANTIZED,
+                                     spec.kind in QUANTIZED and qtypes.of(spec.attrs) is qtypes.FP8)
                         if not why and self.workspace is not None:
                             need = workspace_bytes(kernel, args)
                             if need > self.workspace:

@@ -21,7 +21,9 @@ from kiln.frontend.onnx.limits import ModelLimits
 from kiln.ir import Network
 from kiln.passes import PassContext, default_passes, run_passes
 from kiln.quant import apply_precision
+from kiln.kinds.qtype import QTYPES
 from kiln.quant.budget import copy_network, time_engines
+from kiln.quant.fp8 import check_fp8
 from kiln.quant.int8 import apply_int8
 from kiln.quant.int8_fp16 import int8_fp16_io
 from kiln.quant.int8_stage import quantize_int8
@@ -100,6 +102,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     config = config or BuildConfig()
     ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
     ctx.notes += _unhonoured(config, ctx.device)
+    check_fp8(config, ctx.device, calib_data)
     if config.hardware_compat != "none":
         ctx.notes.append(HardwareCompat.parse(config.hardware_compat).describe())
     t0 = time.perf_counter()
@@ -118,8 +121,9 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     onnx_nodes = len(loaded.proto.graph.node)
     imported_layers = len(net.layers)
     pctx = PassContext(fold_budget_bytes=config.fold_budget_bytes)
-    qdq = absorb_qdq(net) if config.int8 and has_qdq(net) else None
-    if not config.int8 and has_qdq(net):
+    quantize = config.int8 or config.fp8
+    qdq = absorb_qdq(net) if quantize and has_qdq(net) else None
+    if not quantize and has_qdq(net):
         ctx.notes.append("the model has Q/DQ nodes: they run as written, in float; add --int8 to run its "
                          "quantized layers as int8")
     net = stage("optimize", lambda: run_passes(net, default_passes(), pctx))
@@ -128,19 +132,19 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         if learned:
             ctx.notes.append(f"shapes: {learned} tensors' shapes learned from one run with the fixed input shapes")
             run_passes(net, default_passes(), pctx)
-    int8_info: dict = {}
+    int8_info: dict = {}  # the int8 or fp8 rewrite's record (its "qtype" says which)
     before_int8: list[Network] = []  # the float network, kept to time the all-int8 engine a budget deviates from
 
     def precision() -> list[str]:
         notes = []
-        if config.int8:  # layers left float run in fp16 on the GPU, as TensorRT's --int8 --fp16
+        if quantize:  # layers left float run in fp16 on the GPU, as TensorRT's --int8 --fp16
             if config.accuracy and ctx.device.backend == "cuda":
                 before_int8.append(copy_network(net))
             notes, record = quantize_int8(net, config, ctx.device, qdq, calib_data, validation_data=validation_data)
             int8_info.update(record)
-        cuda_int8 = config.int8 and ctx.device.backend == "cuda" and not config.bf16
+        cuda_int8 = quantize and ctx.device.backend == "cuda" and not config.bf16
         notes += apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
-        return notes + (int8_fp16_io(net) if config.int8 and (cuda_int8 or config.fp16) else [])
+        return notes + (int8_fp16_io(net) if quantize and (cuda_int8 or config.fp16) else [])
 
     ctx.notes += stage("precision", precision)
     net.verify()
@@ -177,8 +181,8 @@ def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -
         return {"note": "not timed for models with their own Q/DQ nodes"}
     net, config = before[0], engine.config
     scales = QuantScales({n: TensorScale(v["scale"], v["source"]) for n, v in record["tensors"].items()})
-    pinned = {n for n, r in record["layers"].items() if r["precision"] != "int8" and n not in budget["fallbacks"]}
-    apply_int8(net, scales, pinned)
+    pinned = {n for n, r in record["layers"].items() if r["precision"] == "float" and n not in budget["fallbacks"]}
+    apply_int8(net, scales, pinned, QTYPES[record.get("qtype", "int8")])
     apply_precision(net, replace(config, fp16=not config.bf16))
     if not config.bf16:
         int8_fp16_io(net)

@@ -1,10 +1,12 @@
-"""2-D int8 convolution as an implicit GEMM with kiln's quantized epilogue (kinds/quantized.py has the arithmetic):
-no im2col buffer, int32 accumulation, NHWC output (channels_last), int8 or float out.
+"""2-D int8 or fp8 (e4m3) convolution as an implicit GEMM with kiln's quantized epilogue (kinds/quantized.py has
+the arithmetic): no im2col buffer, int32 (int8) or fp32 (fp8) accumulation, NHWC output (channels_last), out in
+the input's quantized type or float.
 
 Rows are output pixels (n, oh, ow), columns output channels; the reduction runs over (kh, kw, c) in one flat
 loop of BLOCK_K channel blocks per tap (so the compiler pipelines it), channel innermost: a channels_last input
-is read in contiguous runs. The weight is packed as kernels/conv.py packs it, [KH·KW·C, CO] int8. Epilogue as
-kernels/int8_gemm.py: fp32(acc)·scale[co] + bias + residual, activation, then int8 requantization or a float store.
+is read in contiguous runs. The weight is packed as kernels/conv.py packs it, [KH·KW·C, CO] in the input's type.
+Epilogue as kernels/int8_gemm.py: fp32(acc)·scale[co] + bias + residual, activation, then requantization or a
+float store.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import triton.language as tl
 
 from kiln.kernels import conv
 from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate
-from kiln.kernels.int8_gemm import MIN_BLOCK_K, _div
+from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, load_operand, requant
 
-ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³ (kernels/int8_gemm.py)
 CONFIG_KEYS = conv.CONFIG_KEYS
 
 
@@ -25,8 +26,8 @@ CONFIG_KEYS = conv.CONFIG_KEYS
 def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh, sw, ph, pw, dh, dw, NUM_K,
                       out_scale, act_alpha, act_beta, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw,
                       s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                      REQUANT: tl.constexpr, ACT: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -38,7 +39,10 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
     m_ok = rm < N * OH * OW
     n_ok = rn < CO
     c_blocks = tl.cdiv(C, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    if FP8:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for kb in range(0, NUM_K):
         tap = kb // c_blocks
         c = (kb % c_blocks) * BLOCK_K + rk
@@ -47,10 +51,13 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
         ih = oh * sh - ph + kh * dh
         iw = ow * sw - pw + kw * dw
         row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        a = tl.load(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + c[None, :] * s_xc,
-                    mask=row_ok[:, None] & (c[None, :] < C), other=0)
-        b = tl.load(w + (tap * C + c)[:, None] * CO + rn[None, :], mask=(c[:, None] < C) & n_ok[None, :], other=0)
-        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        a = load_operand(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + c[None, :] * s_xc,
+                         row_ok[:, None] & (c[None, :] < C), FP8)
+        b = load_operand(w + (tap * C + c)[:, None] * CO + rn[None, :], (c[:, None] < C) & n_ok[None, :], FP8)
+        if FP8:
+            acc = tl.dot(a, b, acc, out_dtype=tl.float32, max_num_imprecise_acc=FP8_PROMOTE)
+        else:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     inside = m_ok[:, None] & n_ok[None, :]
     v = acc.to(tl.float32) * tl.load(scale + rn, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
@@ -61,16 +68,13 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
     v = activate(v, ACT, act_alpha, act_beta)
     out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc
     if REQUANT:
-        q = _div(v, out_scale, EXACT_DIV)
-        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        q = (q + ROUND_MAGIC) - ROUND_MAGIC
-        tl.store(out, q.to(tl.int8), mask=inside)
+        tl.store(out, requant(v, out_scale, FP8, EXACT_DIV).to(y.dtype.element_ty), mask=inside)
     else:
         tl.store(out, v.to(y.dtype.element_ty), mask=inside)
 
 
 def configs(m: int | None, co: int, c: int, smem: int, level: int) -> list[dict]:
-    """kernels/conv.py's tiles at int8 itemsize, BLOCK_K raised to the int8 MMA depth."""
+    """kernels/conv.py's tiles at 1-byte itemsize, BLOCK_K raised to the int8 / fp8 MMA depth."""
     out = []
     for cfg in conv.configs(m, co, c, 1, smem, max(level, 4)):
         cfg = dict(cfg, BLOCK_K=max(cfg["BLOCK_K"], MIN_BLOCK_K))
@@ -83,15 +87,18 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
            dilations, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
            out_scale: float | None = None, activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
            out_dtype: torch.dtype = torch.float32, config: dict | None = None) -> torch.Tensor:
-    """The quantized conv of int8 x [N, C, H, W] (any strides) with `w_packed` (conv.pack_weight of the int8
-    weight); scale fp32 [CO] = x_scale·w_scale; pads [top, left, bottom, right]. NCHW-shaped, channels_last."""
+    """The quantized conv of x [N, C, H, W] (int8 or fp8 e4m3, any strides) with `w_packed` (conv.pack_weight of
+    the weight, same type); scale fp32 [CO] = x_scale·w_scale; pads [top, left, bottom, right]. NCHW-shaped,
+    channels_last."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
+    if x.dtype not in QUANTIZED_OPERANDS or w_packed.dtype != x.dtype:
+        raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {x.dtype} and {w_packed.dtype}")
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
     (sh, sw), (dh, dw) = strides, dilations
     oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    dtype = torch.int8 if out_scale is not None else out_dtype
+    dtype = x.dtype if out_scale is not None else out_dtype
     y = torch.empty((n, co, oh, ow), dtype=dtype, device=x.device, memory_format=torch.channels_last)
     if y.numel() == 0:
         return y
@@ -103,5 +110,5 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
                             kw, sh, sw, pads[0], pads[1], dh, dw, num_k, float(out_scale or 1.0), float(act_alpha),
                             float(act_beta), *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None,
                             HAS_RES=residual is not None, REQUANT=out_scale is not None, ACT=activation,
-                            EXACT_DIV=not INTERPRET, **{key: cfg[key] for key in CONFIG_KEYS})
+                            FP8=x.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET, **{key: cfg[key] for key in CONFIG_KEYS})
     return y

@@ -1,11 +1,16 @@
-"""int8 GEMM with kiln's quantized epilogue fused (kinds/quantized.py has the exact arithmetic):
+"""int8 or fp8 (e4m3) GEMM with kiln's quantized epilogue fused (kinds/quantized.py has the exact arithmetic):
 
-    acc = A_q @ W_q (int32, tl.dot on int8);  y = fp32(acc) · (x_scale · w_scale[n]) + bias[n] + residual[m, n]
-    y = act(y);  out = y (fp32 or fp16), or int8(clamp(round_half_even(y / out_scale), -127, 127))
+    acc = A_q @ W_q (int8: int32, exact; fp8: fp32, tl.dot on fp8 operands)
+    y = fp32(acc) · (x_scale · w_scale[n]) + bias[n] + residual[m, n];  y = act(y)
+    out = y (fp32 or fp16), or requantized: int8(clamp(round_half_even(y / out_scale), -127, 127)), or for fp8
+    the nearest e4m3 value of y / out_scale (ties to even), saturated to ±448
 
-A is (M, K) int8, W is (K, N) int8 (any strides: a [N, K] weight is passed as its transpose view).
-Rounding half to even uses the fp32 add/subtract of 1.5·2²³ (exact for |v| ≤ 127); the division is IEEE
-(div_rn) on the GPU. Configs are the fp GEMM's tiles at int8 itemsize, BLOCK_K ≥ 32 (int8 MMA depth).
+A is (M, K), W is (K, N), both int8 or both float8_e4m3fn (any strides: a [N, K] weight is passed as its
+transpose view). Rounding half to even uses the fp32 add/subtract of 1.5·2²³ (exact for |v| ≤ 2²²); fp8 rounds
+in fp32 arithmetic at the value's e4m3 step, so the store converts an exact value (round_e4m3). The division is
+IEEE (div_rn) on the GPU. fp8 products are promoted into the fp32 accumulator every 32 (Hopper's fp8 MMA alone
+keeps fewer bits), as cuBLAS does without fast accumulation. Configs are the fp GEMM's tiles at 1-byte itemsize,
+BLOCK_K ≥ 32 (int8 and fp8 MMA depth).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
 MIN_BLOCK_K = 32
+FP8_PROMOTE = 32  # fp8 products summed in the MMA unit before they join the fp32 accumulator
+QUANTIZED_OPERANDS = (torch.int8, torch.float8_e4m3fn)
 
 
 @triton.jit
@@ -29,10 +36,43 @@ def _div(y, s, EXACT: tl.constexpr):
 
 
 @triton.jit
+def round_e4m3(v):
+    """fp32 → the nearest float8 e4m3fn value (ties to even) saturated to ±448, still fp32: rounded here at the
+    value's e4m3 step (2^(e-3), 2⁻⁹ for subnormals), so converting it to fp8 is exact on any backend."""
+    v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+    binade = v.to(tl.int32, bitcast=True) & 0x7F800000  # 2^e of |v|, as fp32 bits
+    step = tl.maximum(binade - (3 << 23), 0x3B000000)  # 2^(e-3) (3 mantissa bits), at least 2⁻⁹
+    inv = ((254 << 23) - step).to(tl.float32, bitcast=True)  # 1 / step, exact
+    return ((v * inv + ROUND_MAGIC) - ROUND_MAGIC) * step.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_operand(ptrs, mask, FP8: tl.constexpr):
+    """A masked tile of int8 or fp8 operands, zeros outside the mask (fp8 takes a float zero, int8 an integer)."""
+    if FP8:
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0)
+    return v
+
+
+@triton.jit
+def requant(v, out_scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr):
+    """An fp32 epilogue value → its quantized value (as fp32, exact in the target type): int8 or fp8 e4m3."""
+    q = _div(v, out_scale, EXACT_DIV)
+    if FP8:
+        q = round_e4m3(q)
+    else:
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        q = (q + ROUND_MAGIC) - ROUND_MAGIC
+    return q
+
+
+@triton.jit
 def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, act_alpha, act_beta,
                       s_am, s_ak, s_wk, s_wn, s_rm, s_rn, s_cm, s_cn,
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr,
-                      EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -48,12 +88,18 @@ def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, act_alpha, 
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = a + (rm % M)[:, None] * s_am + rk[None, :] * s_ak
     w_ptrs = w + rk[:, None] * s_wk + (rn % N)[None, :] * s_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    if FP8:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - kb * BLOCK_K
-        x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0)
-        y = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0)
-        acc = tl.dot(x, y, acc, out_dtype=tl.int32)
+        x = load_operand(a_ptrs, rk[None, :] < k_left, FP8)
+        y = load_operand(w_ptrs, rk[:, None] < k_left, FP8)
+        if FP8:
+            acc = tl.dot(x, y, acc, out_dtype=tl.float32, max_num_imprecise_acc=FP8_PROMOTE)
+        else:
+            acc = tl.dot(x, y, acc, out_dtype=tl.int32)
         a_ptrs += BLOCK_K * s_ak
         w_ptrs += BLOCK_K * s_wk
 
@@ -66,16 +112,14 @@ def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, act_alpha, 
         v += tl.load(res + rm[:, None] * s_rm + rn[None, :] * s_rn, mask=inside, other=0.0).to(tl.float32)
     v = activate(v, ACT, act_alpha, act_beta)
     if REQUANT:
-        q = _div(v, out_scale, EXACT_DIV)
-        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        q = (q + ROUND_MAGIC) - ROUND_MAGIC
-        tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, q.to(tl.int8), mask=inside)
+        q = requant(v, out_scale, FP8, EXACT_DIV)
+        tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, q.to(c.dtype.element_ty), mask=inside)
     else:
         tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, v, mask=inside)
 
 
 def configs(m: int | None, n: int, k: int, smem: int, level: int) -> list[dict]:
-    """The fp GEMM's tile configs at int8 itemsize, with BLOCK_K raised to the int8 MMA depth."""
+    """The fp GEMM's tile configs at 1-byte itemsize, with BLOCK_K raised to the int8 / fp8 MMA depth."""
     out = []
     for cfg in gemm.configs(m, n, k, 1, smem, level):
         cfg = dict(cfg, BLOCK_K=max(cfg["BLOCK_K"], MIN_BLOCK_K))
@@ -88,14 +132,16 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
            residual: torch.Tensor | None = None, *, out_scale: float | None = None, activation: str = "none",
            act_alpha: float = 1.0, act_beta: float = 0.0, out_dtype: torch.dtype = torch.float32,
            config: dict | None = None) -> torch.Tensor:
-    """The module docstring's epilogue over a (M, K) int8 @ w (K, N) int8; `scale` is fp32 [N] (x_scale · w_scale,
-    one fp32 product), bias fp32 [N], residual (M, N) any float type; int8 out when `out_scale` is given, else
-    `out_dtype` (the fp32 value rounded once on store)."""
+    """The module docstring's epilogue over a (M, K) @ w (K, N), both int8 or both fp8 e4m3; `scale` is fp32 [N]
+    (x_scale · w_scale, one fp32 product), bias fp32 [N], residual (M, N) any float type; out in a's type when
+    `out_scale` is given, else `out_dtype` (the fp32 value rounded once on store)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
+    if a.dtype not in QUANTIZED_OPERANDS or w.dtype != a.dtype:
+        raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {a.dtype} and {w.dtype}")
     (m, k), n = a.shape, w.shape[1]
     cfg = config or configs(m, n, k, DEFAULT_SMEM, 1)[0]
-    c = torch.empty((m, n), dtype=torch.int8 if out_scale is not None else out_dtype, device=a.device)
+    c = torch.empty((m, n), dtype=a.dtype if out_scale is not None else out_dtype, device=a.device)
     if m == 0 or n == 0:
         return c
     r = residual if residual is not None else c
@@ -104,6 +150,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
                             float(out_scale or 1.0), float(act_alpha), float(act_beta),
                             a.stride(0), a.stride(1), w.stride(0), w.stride(1), r.stride(0), r.stride(1),
                             c.stride(0), c.stride(1), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                            REQUANT=out_scale is not None, ACT=activation, EXACT_DIV=not INTERPRET,
+                            REQUANT=out_scale is not None, ACT=activation, FP8=a.dtype == torch.float8_e4m3fn,
+                            EXACT_DIV=not INTERPRET,
                             **{key: cfg[key] for key in gemm.CONFIG_KEYS})
     return c

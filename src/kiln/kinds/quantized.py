@@ -1,22 +1,27 @@
-"""Reference implementations of kiln's int8 layer kinds, QuantConv and QuantGemm (DESIGN.md part 4).
+"""Reference implementations of kiln's quantized layer kinds, QuantConv and QuantGemm (DESIGN.md part 4).
 
-Scheme: weights symmetric int8 per output channel (w ≈ w_q · w_scale[c]), activations symmetric
-int8 per tensor (x ≈ x_q · x_scale), zero points 0, integer range [-127, 127]. Bit-exact semantics:
+Scheme: weights symmetric per output channel (w ≈ w_q · w_scale[c]), activations symmetric per tensor
+(x ≈ x_q · x_scale), zero points 0; the attribute `qtype` (kinds/qtype.py) names the quantized type: int8
+(absent: integer range [-127, 127]) or fp8e4m3 (e4m3fn values, ±448). Semantics:
 
-    acc  = Σ x_q · w_q                       int32 accumulate (exact; builds keep K·127² < 2³¹)
+    acc  = Σ x_q · w_q      int8: int32 accumulate (exact; builds keep K·127² < 2³¹)
+                            fp8: exact products summed in float64, rounded once to fp32 (GPU tensor cores
+                            accumulate in fp32 or less, so GPU results are compared with a tolerance)
     y    = fp32(acc) · fp32(x_scale · w_scale[c])   the combined scale is one fp32 product, rounded once
     y    = y + bias[c] (fp32), + residual (as fp32), then the epilogue activation (kinds/fused.py), in fp32
     out  = y, rounded to `out_dtype` (fp32 unless given: fp16 when its readers are fp16)   when `out_scale` is None
-    out  = int8(clamp(round_half_even(y / out_scale), -127, 127))   when the reader reads int8
+    out  = qtype(y / out_scale)   when the reader reads the quantized type: an fp32 division, then int8:
+           clamp(round_half_even(·), -127, 127); fp8: the nearest e4m3 value (ties to even), saturated to ±448
 
-fp32(acc) rounds to nearest even (exact below 2²⁴). The integer sum is computed in float64 here,
-which is exact for any order of summation (every partial sum is an integer below 2⁵³).
+fp32(acc) rounds to nearest even (exact below 2²⁴ for int8). The float64 sums are exact in any order: int8
+partial sums are integers below 2⁵³; fp8 products have 8-bit significands within [2⁻¹⁸, 2¹⁸), exact for K ≤ 2¹⁷.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kiln.kinds import qtype as qtypes
 from kiln.kinds.conv import conv_nd
 from kiln.kinds.fused import activate
 from kiln.kinds.registry import kind
@@ -24,25 +29,25 @@ from kiln.kinds.registry import kind
 QMAX = 127
 
 
-def requantize(y: torch.Tensor, out_scale: float) -> torch.Tensor:
-    """fp32 → int8: round half to even of y / out_scale (an fp32 division), saturated to [-127, 127]."""
-    q = torch.round(y.float() / torch.tensor(out_scale, dtype=torch.float32, device=y.device))
-    return q.clamp(-QMAX, QMAX).to(torch.int8)
+def requantize(y: torch.Tensor, out_scale: float, qtype: qtypes.QType = qtypes.INT8) -> torch.Tensor:
+    """fp32 → `qtype`: y / out_scale (an fp32 division) rounded to nearest even and saturated (kinds/qtype.py)."""
+    return qtype.quantize(y.float() / torch.tensor(out_scale, dtype=torch.float32, device=y.device))
 
 
 def epilogue(acc: torch.Tensor, w_scale: torch.Tensor, bias, residual, channel_axis: int, attrs) -> torch.Tensor:
-    """int32 accumulators → the layer's output: scale, bias, residual, activation, optional requantize."""
+    """Accumulators (float64) → the layer's output: scale, bias, residual, activation, optional requantize."""
     shape = [1] * acc.dim()
     shape[channel_axis] = -1
+    qtype = qtypes.of(attrs)
     scale = torch.tensor(attrs["x_scale"], dtype=torch.float32, device=acc.device) * w_scale.float()
-    y = acc.to(torch.int32).float() * scale.reshape(shape)
+    y = (acc.to(torch.int32) if qtype.integer else acc).float() * scale.reshape(shape)
     if bias is not None:
         y = y + bias.float().reshape(shape)
     if residual is not None:
         y = y + residual.float()
     y = activate(y, attrs["activation"], attrs["activation_params"])
     if attrs.get("out_scale") is not None:
-        return requantize(y, attrs["out_scale"])
+        return requantize(y, attrs["out_scale"], qtype)
     return y.to(float_out(attrs))
 
 
@@ -54,9 +59,9 @@ def float_out(attrs) -> torch.dtype:
 
 @kind("QuantConv")
 def quant_conv(inputs, attrs):
-    """Inputs: X_q int8 [N, C, ...], W_q int8 [M, C/group, ...], w_scale fp32 [M], optional bias fp32 [M],
-    optional residual (float, the output's shape). attrs: Conv's, x_scale, out_scale (None: float out of type
-    out_dtype, fp32 when absent), activation, activation_params."""
+    """Inputs: X_q [N, C, ...], W_q [M, C/group, ...] (int8, or fp8 e4m3 with qtype fp8e4m3), w_scale fp32 [M],
+    optional bias fp32 [M], optional residual (float, the output's shape). attrs: Conv's, qtype, x_scale,
+    out_scale (None: float out of type out_dtype, fp32 when absent), activation, activation_params."""
     x, w, w_scale, b, r = (list(inputs) + [None] * 5)[:5]
     acc = conv_nd(x.double(), w.double(), None, attrs)
     return epilogue(acc, w_scale, b, r, 1, attrs)
@@ -64,8 +69,9 @@ def quant_conv(inputs, attrs):
 
 @kind("QuantGemm")
 def quant_gemm(inputs, attrs):
-    """Inputs: X_q int8 [..., K], W_q int8 [N, K], w_scale fp32 [N], optional bias fp32 [N].
-    attrs: x_scale, out_scale (None: float out of type out_dtype, fp32 when absent), activation, activation_params."""
+    """Inputs: X_q [..., K], W_q [N, K] (int8, or fp8 e4m3 with qtype fp8e4m3), w_scale fp32 [N], optional bias
+    fp32 [N]. attrs: qtype, x_scale, out_scale (None: float out of type out_dtype, fp32 when absent), activation,
+    activation_params."""
     x, w, w_scale, b = (list(inputs) + [None] * 4)[:4]
     acc = torch.matmul(x.double(), w.double().t())
     return epilogue(acc, w_scale, b, None, -1, attrs)

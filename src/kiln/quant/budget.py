@@ -25,6 +25,7 @@ from kiln.errors import ConfigError, InputError
 from kiln.ir import Network
 from kiln.quant.batching import fitted
 from kiln.quant.calibrate import _feeds, calibration_data
+from kiln.kinds.qtype import INT8, QType
 from kiln.quant.int8 import apply_int8
 from kiln.quant.scheme import QuantScales
 from kiln.runtime.context import run_network
@@ -102,11 +103,12 @@ def copy_network(net: Network) -> Network:
 
 
 class Search:
-    """Runs the float network once and int8 variants of it (`keep` in float) on the validation feeds."""
+    """Runs the float network once and quantized variants of it (`keep` in float) on the validation feeds."""
 
     def __init__(self, net: Network, scales: QuantScales, budget: AccuracyBudget, feeds: list[dict], device,
-                 pinned: set[str]):
+                 pinned: set[str], qtype: QType = INT8):
         self.net, self.scales, self.budget, self.feeds, self.device = net, scales, budget, feeds, device
+        self.qtype = qtype
         self.pinned = set(pinned)
         self.want = self.run(net)
         self.runs = 0
@@ -117,17 +119,18 @@ class Search:
                      for o in run_network(net, [f[n] for n in net.inputs], self.device)] for f in self.feeds]
 
     def value(self, keep: set[str]) -> tuple[float, list[str]]:
-        """The metric with the layers in `keep` (and the pinned ones) float; the layers that ran int8."""
+        """The metric with the layers in `keep` (and the pinned ones) float; the layers that ran quantized."""
         net = copy_network(self.net)
-        result = apply_int8(net, self.scales, keep | self.pinned)
+        result = apply_int8(net, self.scales, keep | self.pinned, self.qtype)
         self.runs += 1
-        return self.budget.measure(self.want, self.run(net)), result.int8
+        return self.budget.measure(self.want, self.run(net)), result.quantized
 
 
 def search(net: Network, scales: QuantScales, budget: AccuracyBudget, feeds: list[dict], device,
-           pinned: set[str] = frozenset(), progress: Callable[[str], None] = lambda s: None) -> tuple[set[str], dict]:
-    """(layers to keep float, the record for build info / inspect)."""
-    s = Search(net, scales, budget, feeds, device, pinned)
+           pinned: set[str] = frozenset(), progress: Callable[[str], None] = lambda s: None,
+           qtype: QType = INT8) -> tuple[set[str], dict]:
+    """(layers to keep float, the record for build info / inspect); the quantized layers are of `qtype`."""
+    s = Search(net, scales, budget, feeds, device, pinned, qtype)
     all_int8, layers = s.value(set())
     record = {"budget": str(budget), "samples": sum(next(iter(f.values())).shape[0] for f in feeds),
               "all_int8": all_int8, "fallbacks": [], "sensitivity": {}}

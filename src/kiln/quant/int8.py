@@ -1,11 +1,14 @@
-"""--int8: rewrite each linear layer whose input has a scale into QuantConv / QuantGemm (kinds/quantized.py).
+"""--int8 / --fp8: rewrite each linear layer whose input has a scale into QuantConv / QuantGemm (kinds/quantized.py).
 
     x: f32 ─▶ FusedConv(x, W, B){Relu} ─▶ y: f32 ─▶ FusedGemm(y', W2) ─▶ z: f32                    (--int8 ⇒)
     x ─▶ QuantizeLinear(s_x) ─▶ x_q: i8 ─▶ QuantConv(x_q, W_q: i8, w_scale, B){out_scale=s_y} ─▶ y: i8 ─▶ ...
 
+One rewrite for every quantized type (kinds/qtype.py): with --fp8 the same graph holds float8_e4m3fn tensors and
+weights and the layers carry qtype=fp8e4m3 (int8 layers carry no qtype attribute, as before fp8 existed).
 Quantizable: Conv / FusedConv, and MatMul / Gemm / FusedGemm with a constant 2-D weight, all with fp32 data.
-A layer writes int8 (requantizing in its epilogue) only when every reader is a quantized layer reading that
-tensor as its int8 input; otherwise it writes fp32 and each quantized reader gets an explicit QuantizeLinear.
+A layer writes the quantized type (requantizing in its epilogue) only when every reader is a quantized layer
+reading that tensor as its quantized input; otherwise it writes fp32 and each quantized reader gets an explicit
+QuantizeLinear.
 With the model's own Q/DQ (`scales.qdq`), every other reader of a tensor the model quantized reads it
 through an explicit QuantizeLinear → DequantizeLinear pair, so no quantization the model wrote is dropped.
 """
@@ -17,20 +20,20 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln.ir import DType, Layer, Network
-from kiln.kinds.quantized import QMAX
+from kiln.kinds.qtype import INT8, QType
 from kiln.passes import PassContext
 from kiln.passes.eliminate_dead import eliminate_dead
 from kiln.quant.scheme import QuantScales, quantize_weight
 
-F32, I8 = DType.FLOAT32, DType.INT8
+F32 = DType.FLOAT32
 INT32_MAX = 2 ** 31 - 1
-Q_ATTRS = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": I8, "precision": None}
+Q_ATTRS = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": DType.INT8, "precision": None}
 DQ_ATTRS = {"axis": 1, "block_size": 0, "output_dtype": F32}
 
 
 @dataclass
 class Candidate:
-    """A layer that has an int8 form: its activation input, weight constant and epilogue."""
+    """A layer that has a quantized form: its activation input, weight constant and epilogue."""
 
     layer: Layer
     conv: bool
@@ -52,8 +55,8 @@ class Int8Result:
     fake_quant: int = 0
 
     @property
-    def int8(self) -> list[str]:
-        return [n for n, r in self.layers.items() if r["precision"] == "int8"]
+    def quantized(self) -> list[str]:
+        return [n for n, r in self.layers.items() if r["precision"] != "float"]
 
 
 def _is_f32(net: Network, name: str) -> bool:
@@ -114,12 +117,14 @@ def candidates(net: Network) -> dict[str, Candidate]:
     return {layer.name: c for layer in net.layers if (c := candidate(net, layer)) is not None}
 
 
-def _weight(net: Network, c: Candidate, scales: QuantScales) -> tuple[torch.Tensor, torch.Tensor] | str:
-    """(W_q int8 with the output channel first, w_scale fp32 [N]), or why the layer cannot have them."""
+def _weight(net: Network, c: Candidate, scales: QuantScales, qtype: QType) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """(W_q of `qtype` with the output channel first, w_scale fp32 [N]), or why the layer cannot have them."""
     w = net.constants[c.weight]
     if not scales.qdq:
-        q, s = quantize_weight(w, c.out_axis)
+        q, s = quantize_weight(w, c.out_axis, qtype)
         return q.movedim(c.out_axis, 0).contiguous(), s
+    if qtype is not INT8:
+        return f"the model's own Q/DQ nodes are int8, not {qtype.label}"
     wq = scales.weights.get(c.weight)
     if wq is None:
         return "the model does not quantize its weight"
@@ -134,21 +139,23 @@ def _weight(net: Network, c: Candidate, scales: QuantScales) -> tuple[torch.Tens
     return wq.q.movedim(c.out_axis, 0).contiguous(), s.expand(n).clone()
 
 
-def _refusal(net: Network, c: Candidate, scales: QuantScales) -> str | None:
+def _refusal(net: Network, c: Candidate, scales: QuantScales, qtype: QType) -> str | None:
     if c.x not in scales.activations:
         return "the model does not quantize its input" if scales.qdq else "its input has no scale"
-    if c.k * QMAX * QMAX > INT32_MAX:
+    if qtype.integer and c.k * qtype.qmax * qtype.qmax > INT32_MAX:
         return f"its reduction length {c.k} could overflow int32 accumulation"
     return None
 
 
-def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozenset()) -> Int8Result:
-    """Quantize every layer that can be (module docstring), in place; layers in `keep_float` stay float."""
+def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozenset(),
+               qtype: QType = INT8) -> Int8Result:
+    """Quantize every layer that can be (module docstring) to `qtype`, in place; layers in `keep_float` stay
+    float. `scales` are `qtype`'s (scheme.for_qtype)."""
     result = Int8Result()
     chosen: dict[str, tuple[Candidate, torch.Tensor, torch.Tensor]] = {}
     for name, c in candidates(net).items():
-        why = "kept in float on request" if name in keep_float else _refusal(net, c, scales)
-        weight = None if why else _weight(net, c, scales)
+        why = "kept in float on request" if name in keep_float else _refusal(net, c, scales, qtype)
+        weight = None if why else _weight(net, c, scales, qtype)
         if isinstance(weight, str):
             why = weight
         if why:
@@ -163,7 +170,7 @@ def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozens
         if y not in net.outputs and y in scales.activations and readers and all(
                 r.name in chosen and r.inputs[0] == y and y not in r.inputs[1:] for r in readers):
             int8_out.add(name)
-    rewrite = _Rewrite(net, scales)
+    rewrite = _Rewrite(net, scales, qtype)
     for layer in net.layers:
         if layer.name not in chosen:
             rewrite.keep(layer)
@@ -171,8 +178,8 @@ def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozens
         c, q, s = chosen[layer.name]
         rewrite.quantized(c, q, s, scales.activations[c.layer.outputs[0]].scale if layer.name in int8_out else None)
         r = scales.activations[c.x]
-        result.layers[layer.name] = {"kind": layer.kind, "precision": "int8", "scale_source": r.source,
-                                     "x_scale": r.scale, "output": "int8" if layer.name in int8_out else "fp32"}
+        result.layers[layer.name] = {"kind": layer.kind, "precision": qtype.label, "scale_source": r.source,
+                                     "x_scale": r.scale, "output": qtype.label if layer.name in int8_out else "fp32"}
     net.layers = rewrite.layers
     eliminate_dead(net, PassContext())
     net.verify()
@@ -183,8 +190,8 @@ def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozens
 class _Rewrite:
     """One walk over the layers that emits the quantized ones and their QuantizeLinear layers."""
 
-    def __init__(self, net: Network, scales: QuantScales):
-        self.net, self.scales = net, scales
+    def __init__(self, net: Network, scales: QuantScales, qtype: QType):
+        self.net, self.scales, self.qtype = net, scales, qtype
         self.layers: list[Layer] = []
         self.int8: dict[str, str] = {}   # float tensor → its QuantizeLinear output
         self.fake: dict[str, str] = {}   # float tensor → its Q → DQ value (explicit Q/DQ models)
@@ -217,23 +224,24 @@ class _Rewrite:
         return self.consts[name]
 
     def quantize(self, name: str) -> str:
-        """`name` as int8: itself when a quantized layer already writes int8, else an explicit QuantizeLinear."""
-        net = self.net
-        if net.tensors[name].dtype is I8:
+        """`name` quantized: itself when a quantized layer already writes it so, else an explicit QuantizeLinear."""
+        net, qt = self.net, self.qtype
+        if net.tensors[name].dtype is qt.dtype:
             return name
         if name not in self.int8:
-            out = net.unique_name(f"{name}_int8")
-            net.add_tensor(out, I8, net.tensors[name].shape)
+            out = net.unique_name(f"{name}_{qt.label}")
+            net.add_tensor(out, qt.dtype, net.tensors[name].shape)
             self.layers.append(Layer(net.unique_name(f"{name}_quantize"), "QuantizeLinear",
-                                     [name, self.scale_const(name)], [out], dict(Q_ATTRS), origin=[]))
+                                     [name, self.scale_const(name)], [out], Q_ATTRS | {"output_dtype": qt.dtype},
+                                     origin=[]))
             self.int8[name] = out
             self.quantizes += 1
         return self.int8[name]
 
     def quantized(self, c: Candidate, q: torch.Tensor, s: torch.Tensor, out_scale: float | None) -> None:
-        net, layer = self.net, c.layer
+        net, layer, qt = self.net, c.layer, self.qtype
         xq = self.quantize(c.x)
-        wq = net.unique_name(f"{c.weight}_int8")
+        wq = net.unique_name(f"{c.weight}_{qt.label}")
         net.add_constant(wq, q)
         ws = net.unique_name(f"{c.weight}_wscale")
         net.add_constant(ws, s.float().contiguous())
@@ -246,7 +254,9 @@ class _Rewrite:
         if c.residual:
             inputs.append(self.as_written(c.residual) if self.scales.qdq else c.residual)
         attrs = c.attrs | {"x_scale": self.scales.activations[c.x].scale, "out_scale": out_scale}
+        if qt is not INT8:
+            attrs["qtype"] = qt.name
         if out_scale is not None:
-            net.tensors[layer.outputs[0]].dtype = I8
+            net.tensors[layer.outputs[0]].dtype = qt.dtype
         self.layers.append(Layer(layer.name, "QuantConv" if c.conv else "QuantGemm", inputs, list(layer.outputs),
-                                 attrs, precision=I8, origin=layer.origin))
+                                 attrs, precision=qt.dtype, origin=layer.origin))

@@ -1,8 +1,10 @@
-"""The --int8 part of the build's precision stage: find scales (Q/DQ, cache or calibration), then rewrite.
+"""The --int8 / --fp8 part of the build's precision stage: find scales (Q/DQ, cache or calibration), then rewrite.
 
-Scales come from, in order: the model's own Q/DQ nodes (never re-calibrated); a --calib-cache file made
-with the same calibrator that covers every tensor to quantize; calibration over --calib data (writing
-the cache when one is named). Returns notes for the build summary and a record for the plan's build info.
+Scales come from, in order: the model's own Q/DQ nodes (never re-calibrated; int8 only); a --calib-cache file
+made with the same calibrator that covers every tensor to quantize; calibration over --calib data (writing
+the cache when one is named). --fp8 takes the same int8 scales as amax / 127 and divides by 448 instead
+(scheme.for_qtype); with --int8 and --fp8 both, every quantizable layer runs fp8. Returns notes for the build
+summary and a record for the plan's build info (key "int8" for either type; its "qtype" says which).
 """
 
 from __future__ import annotations
@@ -15,9 +17,18 @@ from kiln.errors import ConfigError
 from kiln.ir import Network
 from kiln.quant import calib_cache
 from kiln.quant.budget import AccuracyBudget, search, validation_batches
+from kiln.kinds.qtype import FP8, INT8, QType
 from kiln.quant.calibrate import calibration_data, collect, scales_from
 from kiln.quant.int8 import apply_int8, candidates
-from kiln.quant.scheme import QuantScales
+from kiln.quant.scheme import QuantScales, for_qtype
+
+NO_SCALES = ("give calibration data (--calib DATA) or a calibration cache (--calib-cache FILE, made by an earlier "
+             "--int8 or --fp8 build)")
+
+
+def build_qtype(config: BuildConfig) -> QType:
+    """The type quantized layers get: fp8 when --fp8 is given (with or without --int8), else int8."""
+    return FP8 if config.fp8 else INT8
 
 
 def _from_cache(config: BuildConfig, needed: set[str], have_data: bool) -> tuple[QuantScales, str] | None:
@@ -69,16 +80,25 @@ def find_scales(net: Network, config: BuildConfig, device, qdq: QuantScales | No
 def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | None = None,
                   calib_data: Any = None, keep_float: set[str] = frozenset(),
                   validation_data: Any = None) -> tuple[list[str], dict]:
-    """Run the int8 rewrite on `net` in place; (notes, build-info record)."""
+    """Run the int8 (or, with --fp8, fp8) rewrite on `net` in place; (notes, build-info record)."""
+    qtype = build_qtype(config)
     pinned = set(config.layer_precisions)  # --layer-precision NAME=... keeps a layer out of int8
     keep_float = set(keep_float) | {layer.name for layer in net.layers
                                     if layer.name in pinned or pinned & set(layer.origin)}
+    if qtype is not INT8 and qdq is not None and (qdq.activations or qdq.weights):
+        raise ConfigError("--fp8: the model has its own int8 Q/DQ nodes, which kiln honours as written; build it "
+                          "with --int8 (without --fp8), or give the float model with --fp8 --calib DATA")
     scales, where = find_scales(net, config, device, qdq, calib_data)
     if scales is None:
-        return ["--int8: no scales, so no layer runs int8: give calibration data (--calib DATA), a calibration "
-                "cache (--calib-cache FILE), or a model with Q/DQ nodes"], {}
+        if qtype is not INT8:
+            raise ConfigError(f"--fp8 needs activation ranges: {NO_SCALES}")
+        return [f"--int8: no scales, so no layer runs int8: {NO_SCALES}, or a model with Q/DQ nodes"], {}
+    scales = for_qtype(scales, qtype)
+    notes = ["--int8 --fp8: every quantizable layer runs fp8 (--fp8 wins); build with --int8 alone for int8 "
+             "layers"] if config.int8 and config.fp8 else []
     if not config.accuracy:
-        return int8_rewrite(net, scales, where, keep_float)
+        more, record = int8_rewrite(net, scales, where, keep_float, qtype)
+        return notes + more, record
     source = validation_data if validation_data is not None else config.validation
     held_out = source is not None
     source = source if held_out else (calib_data if calib_data is not None else config.calib)
@@ -87,33 +107,37 @@ def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | 
                           "NAME.npy, like --calib)")
     budget = AccuracyBudget.parse(config.accuracy)
     feeds = validation_batches(net, source, config.calib_batch, device.torch_device)
-    fallbacks, found = search(net, scales, budget, feeds, device.torch_device, keep_float)
-    notes, record = int8_rewrite(net, scales, where, keep_float | fallbacks)
+    fallbacks, found = search(net, scales, budget, feeds, device.torch_device, keep_float, qtype=qtype)
+    more, record = int8_rewrite(net, scales, where, keep_float | fallbacks, qtype)
+    notes += more
     for name in found["fallbacks"]:
         record["layers"][name]["reason"] = (f"kept in float by the accuracy budget ({budget.metric} "
                                             f"{found['sensitivity'][name]:.6g} with only this layer float)")
     found["data"] = "validation data" if held_out else "the calibration data (no --validation given)"
     record["budget"] = found
-    notes.append(f"accuracy budget {budget}: all-int8 {budget.metric} {found['all_int8']:.6g} on "
+    notes.append(f"accuracy budget {budget}: all-{qtype.label} {budget.metric} {found['all_int8']:.6g} on "
                  f"{found['samples']} samples of {found['data']}; "
                  + (f"{len(found['fallbacks'])} most sensitive layers kept float "
                     f"({', '.join(found['fallbacks'][:4])}{' …' if len(found['fallbacks']) > 4 else ''}) → "
-                    f"{found['achieved']:.6g}" if found["fallbacks"] else "met with every layer in int8")
+                    f"{found['achieved']:.6g}" if found["fallbacks"] else f"met with every layer in {qtype.label}")
                  + ("" if found["met"] else "; NOT met even with every quantizable layer float"))
     return notes, record
 
 
-def int8_rewrite(net: Network, scales: QuantScales, where: str, keep_float: set[str] = frozenset()):
+def int8_rewrite(net: Network, scales: QuantScales, where: str, keep_float: set[str] = frozenset(),
+                 qtype: QType = INT8):
     """apply_int8 and its report: (notes, build-info record)."""
     before = set(net.tensors)
-    result = apply_int8(net, scales, keep_float)
-    floats = {n: r for n, r in result.layers.items() if r["precision"] != "int8"}
+    result = apply_int8(net, scales, keep_float, qtype)
+    floats = {n: r for n, r in result.layers.items() if r["precision"] == "float"}
     notes = list(scales.notes)
-    notes.append(f"int8: {len(result.int8)} of {len(result.layers)} quantizable layers run int8; scales from {where}; "
+    q = qtype.label
+    notes.append(f"{q}: {len(result.quantized)} of {len(result.layers)} quantizable layers run {q}; scales from "
+                 f"{where}{' (each amax over 448)' if qtype is not INT8 else ''}; "
                  f"{result.quantize_layers} QuantizeLinear layers inserted")
     if floats:
         shown = "; ".join(f"{n} ({r['reason']})" for n, r in list(floats.items())[:5])
-        notes.append(f"int8: {len(floats)} layers stay float: {shown}{' …' if len(floats) > 5 else ''}")
+        notes.append(f"{q}: {len(floats)} layers stay float: {shown}{' …' if len(floats) > 5 else ''}")
     if scales.qdq:
         merged = sorted(n for n in scales.activations if n not in before)
         notes.append(f"int8: {len(scales.activations)} Q/DQ activation scales honoured; {result.fake_quant} float "
@@ -122,4 +146,4 @@ def int8_rewrite(net: Network, scales: QuantScales, where: str, keep_float: set[
                         "and are applied once, at the fused layer's output" if merged else ""))
     tensors = {n: {"scale": s.scale, "source": s.source, **({"min": s.range[0], "max": s.range[1]} if s.range else {})}
                for n, s in scales.activations.items()}
-    return notes, {"scales_from": where, "layers": result.layers, "tensors": tensors}
+    return notes, {"qtype": qtype.name, "scales_from": where, "layers": result.layers, "tensors": tensors}

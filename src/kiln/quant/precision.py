@@ -55,8 +55,6 @@ def _flag_notes(config: BuildConfig) -> list[str]:
     if config.tf32:
         notes.append("--tf32: float32 matmuls and convolutions may use TF32 tensor cores (10-bit mantissa, "
                      "fp32 accumulate); tensor types are unchanged")
-    notes += [f"--{f} is not implemented by the precision pass yet: no layer runs in {f}"
-              for f in ("fp8",) if getattr(config, f)]
     return notes
 
 

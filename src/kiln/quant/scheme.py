@@ -1,8 +1,10 @@
-"""kiln's int8 scheme (kinds/quantized.py has the exact arithmetic) and the scales a build quantizes with.
+"""kiln's int8 / fp8 scheme (kinds/quantized.py has the exact arithmetic) and the scales a build quantizes with.
 
-Weights: symmetric int8 per output channel, scale[c] = max|w[c]| / 127, w_q = round_half_even(w / scale).
-Activations: symmetric int8 per tensor, scale = amax / 127 where amax comes from calibration or from
-the model's own Q/DQ nodes. Scales are fp32 values.
+Weights: symmetric per output channel, scale[c] = max|w[c]| / qmax, w_q = qtype(w / scale) (int8: qmax 127,
+round half to even; fp8 e4m3: qmax 448, nearest e4m3 value, ties to even). Activations: symmetric per tensor,
+scale = amax / qmax where amax comes from calibration or from the model's own Q/DQ nodes. Calibration and its
+cache keep int8 scales (amax / 127); an fp8 build takes amax = 127 · scale from them (`for_qtype`), so one
+calibration serves both. Scales are fp32 values.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kiln.kinds.quantized import QMAX
+from kiln.kinds.qtype import INT8, QType
 
 TINY = 2.0 ** -30  # the smallest amax used: an all-zero tensor still gets a finite, positive scale
 
@@ -21,21 +23,20 @@ def fp32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
 
-def scale_from_amax(amax: float) -> float:
-    """The per-tensor activation scale mapping [-amax, amax] onto [-127, 127]."""
-    return fp32(max(float(amax), TINY) / QMAX)
+def scale_from_amax(amax: float, qtype: QType = INT8) -> float:
+    """The per-tensor activation scale mapping [-amax, amax] onto [-qmax, qmax]."""
+    return fp32(max(float(amax), TINY) / qtype.qmax)
 
 
-def quantize_weight(w: torch.Tensor, axis: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w_q int8, scale fp32 [w.shape[axis]]): symmetric per-channel quantization along `axis`."""
+def quantize_weight(w: torch.Tensor, axis: int = 0, qtype: QType = INT8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_q of `qtype`, scale fp32 [w.shape[axis]]): symmetric per-channel quantization along `axis`."""
     w = w.float()
     moved = w.movedim(axis, 0).reshape(w.shape[axis], -1)
     amax = moved.abs().amax(dim=1) if moved.shape[1] else torch.zeros(w.shape[axis])
-    scale = amax.clamp(min=TINY) / QMAX
+    scale = amax.clamp(min=TINY) / qtype.qmax
     shape = [1] * w.dim()
     shape[axis] = -1
-    q = torch.round(w / scale.reshape(shape)).clamp(-QMAX, QMAX).to(torch.int8)
-    return q, scale
+    return qtype.quantize(w / scale.reshape(shape)), scale
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,12 @@ class QuantScales:
     weights: dict[str, WeightQuant] = field(default_factory=dict)
     qdq: bool = False
     notes: list[str] = field(default_factory=list)
+
+
+def for_qtype(scales: QuantScales, qtype: QType) -> QuantScales:
+    """`scales` (int8: amax / 127) as the scales of `qtype`: amax = 127 · scale, then amax / qtype.qmax."""
+    if qtype is INT8:
+        return scales
+    acts = {n: TensorScale(scale_from_amax(s.scale * INT8.qmax, qtype), s.source, s.range)
+            for n, s in scales.activations.items()}
+    return QuantScales(acts, dict(scales.weights), scales.qdq, list(scales.notes))

@@ -1,4 +1,4 @@
-"""QuantGemm and QuantConv as one int8 GEMM: rows A [M, K] of the input times the weight W [N, K].
+"""QuantGemm and QuantConv as one quantized GEMM (int8 or fp8 e4m3): rows A [M, K] of the input times W [N, K].
 
 QuantGemm: the rows of X. A 2-D QuantConv (group 1): X in NHWC order, a 1x1 conv without padding as a
 (strided) view of it, any other kernel through im2col (a strided window view copied once into [M, kh·kw·C]),
@@ -15,30 +15,41 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from kiln.kinds import qtype as qtypes
 from kiln.kinds.conv import resolve_pads
+from kiln.kinds.fused import activate
+from kiln.kinds.quantized import float_out, requantize
 from kiln.tactics.common import rank
 from kiln.tactics.spec import LayerSpec
 
 ACTIVATIONS = ("none", "Relu", "Sigmoid", "Tanh", "HardSwish", "SiLU", "Gelu", "GeluTanh", "LeakyRelu", "Clip")
+FP8_MIN_CC = (8, 9)  # fp8 tensor cores: Ada, Hopper and later
 
 
 @dataclass
 class GemmForm:
-    """A quantized layer lowered to rows × Wᵀ: the int8 weight [N, K], epilogue constants, and the reshapes."""
+    """A quantized layer lowered to rows × Wᵀ: the quantized weight [N, K], epilogue constants, and the reshapes."""
 
-    w: torch.Tensor                      # int8 [N, K]
+    w: torch.Tensor                      # int8 or fp8 [N, K]
     scale: torch.Tensor                  # fp32 [N]: x_scale · w_scale[n]
     bias: torch.Tensor | None            # fp32 [N]
-    rows: Callable[[torch.Tensor], torch.Tensor]              # X → A [M, K] int8
+    rows: Callable[[torch.Tensor], torch.Tensor]              # X → A [M, K] of the input's type
     back: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (Y [M, N], X) → the layer's output
     res_rows: Callable[[torch.Tensor], torch.Tensor]          # residual → [M, N]
 
 
-def supports(spec: LayerSpec) -> str | None:
-    """Why the GEMM lowering cannot run `spec`, or None."""
-    x, w = spec.inputs[0], spec.inputs[1]
-    if x is None or x.dtype is None or x.dtype.value != "int8" or w is None or w.const is None:
-        return "needs an int8 input and a constant int8 weight"
+def qtype(spec: LayerSpec) -> qtypes.QType:
+    """The quantized type of a QuantGemm / QuantConv spec."""
+    return qtypes.of(spec.attrs)
+
+
+def supports(spec: LayerSpec, want: qtypes.QType | None = None) -> str | None:
+    """Why the GEMM lowering cannot run `spec` (of quantized type `want`, when given), or None."""
+    x, w, qt = spec.inputs[0], spec.inputs[1], qtype(spec)
+    if want is not None and qt is not want:
+        return f"runs {want.label} layers only; this one is {qt.label}"
+    if x is None or x.dtype is not qt.dtype or w is None or w.const is None or w.dtype is not qt.dtype:
+        return f"needs a {qt.label} input and a constant {qt.label} weight"
     if spec.attrs.get("activation", "none") not in ACTIVATIONS:
         return f"activation {spec.attrs.get('activation')!r} has no epilogue here"
     if len(spec.inputs) > 2 and spec.inputs[2] is not None and spec.inputs[2].const is None:
@@ -49,9 +60,20 @@ def supports(spec: LayerSpec) -> str | None:
         if rank(x) != 4 or not x.static:
             return "only 2-D convolutions with static shapes are lowered to GEMM"
         if spec.attrs.get("group", 1) != 1:
-            return "grouped / depthwise int8 convs run on the reference (no int8 grouped GEMM yet)"
+            return f"grouped / depthwise {qt.label} convs run on the reference (no grouped quantized GEMM yet)"
     elif rank(x) in (None, 0):
         return "input rank unknown or scalar"
+    return None
+
+
+def fp8_device_reason(device) -> str | None:
+    """Why `device` cannot run fp8 tensor-core kernels (compute capability below 8.9), or None (also off CUDA:
+    the CPU tests call the tactics directly)."""
+    if getattr(device, "backend", None) != "cuda" or not torch.cuda.is_available():
+        return None
+    cc = torch.cuda.get_device_capability(device.torch_device)
+    if cc < FP8_MIN_CC:
+        return f"fp8 needs compute capability 8.9, the device has {cc[0]}.{cc[1]}"
     return None
 
 
@@ -84,7 +106,7 @@ def gemm_form(spec: LayerSpec) -> GemmForm:
         xh = x.permute(0, 2, 3, 1)
         if pointwise:
             return xh[:, ::sh, ::sw, :].reshape(-1, c)
-        xp = F.pad(xh, (0, 0, pl, pr, pt, pb)) if any((pt, pl, pb, pr)) else xh
+        xp = pad_bytes(xh, (0, 0, pl, pr, pt, pb)) if any((pt, pl, pb, pr)) else xh
         sn, s_h, s_w, sc = xp.stride()
         win = xp.as_strided((xp.shape[0], oh, ow, kh, kw, c), (sn, s_h * sh, s_w * sw, s_h * dh, s_w * dw, sc))
         return win.reshape(-1, kh * kw * c)
@@ -92,3 +114,28 @@ def gemm_form(spec: LayerSpec) -> GemmForm:
     return GemmForm(w.permute(0, 2, 3, 1).reshape(m, kh * kw * c).contiguous(), _scale(spec), _bias(spec), rows,
                     lambda y, x: y.reshape(x.shape[0], oh, ow, m).permute(0, 3, 1, 2),
                     lambda r: r.permute(0, 2, 3, 1).reshape(-1, m))
+
+
+def pad_bytes(t: torch.Tensor, pad: tuple[int, ...]) -> torch.Tensor:
+    """F.pad with zeros of a 1-byte tensor (int8 or fp8: the zero byte is 0 / +0.0 in both), through its bytes so
+    that no fp8 fill kernel is needed."""
+    return F.pad(t.view(torch.uint8), pad).view(t.dtype)
+
+
+def torch_epilogue(spec: LayerSpec, form: GemmForm) -> Callable[[torch.Tensor, list], torch.Tensor]:
+    """The reference's epilogue in torch ops: (fp32 accumulators [M, N], the layer's inputs) → its output."""
+    a = spec.attrs
+    act, params, out_scale, qt = a.get("activation", "none"), a.get("activation_params", []), a["out_scale"], qtype(spec)
+    out_dtype = float_out(a)
+    has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
+
+    def finish(acc: torch.Tensor, inputs: list) -> torch.Tensor:
+        y = acc * form.scale
+        if form.bias is not None:
+            y = y + form.bias
+        if has_residual:
+            y = y + form.res_rows(inputs[4]).float()
+        y = activate(y, act, params)
+        return form.back(y.to(out_dtype) if out_scale is None else requantize(y, out_scale, qt), inputs[0])
+
+    return finish

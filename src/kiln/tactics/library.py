@@ -8,6 +8,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     torch_int8,
     torch_norm,
     torch_pool,
+    torch_scaled_mm,
     triton_attention,
     triton_conv,
     triton_gemm,

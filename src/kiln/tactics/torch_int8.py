@@ -3,7 +3,8 @@
 _int_mm on CUDA needs A [M, K] with M > 16 and K, N multiples of 8: the weight is zero-padded to N, K
 multiples of 8 once at build time; A is zero-padded (rows to 32 when M ≤ 16, columns to K's multiple of 8)
 at run time, which costs a copy only for such layers (e.g. a first conv with 3 channels). The padding
-adds zeros to the integer sums, so results stay exact. The epilogue is the reference's own arithmetic.
+adds zeros to the integer sums, so results stay exact. The epilogue is the reference's own arithmetic
+(int8_lowering.torch_epilogue).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kiln.kinds.fused import activate
-from kiln.kinds.quantized import float_out, requantize
+from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
@@ -36,26 +36,16 @@ def _compile(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     n, k = form.w.shape
     w_t = F.pad(form.w, (0, _round8(k) - k, 0, _round8(n) - n)).t()  # [K8, N8] column-major, cuBLASLt's liking
-    scale, bias, attrs = form.scale, form.bias, spec.attrs
-    act, params, out_scale = attrs.get("activation", "none"), attrs.get("activation_params", []), attrs["out_scale"]
-    out_dtype = float_out(attrs)
-    has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
+    finish = int8_lowering.torch_epilogue(spec, form)
 
     def run(inputs):
-        x = inputs[0]
-        y = int_mm(form.rows(x), w_t, k)[:, :n].float() * scale
-        if bias is not None:
-            y = y + bias
-        if has_residual:
-            y = y + form.res_rows(inputs[4]).float()
-        y = activate(y, act, params)
-        return [form.back(y.to(out_dtype) if out_scale is None else requantize(y, out_scale), x)]
+        return [finish(int_mm(form.rows(inputs[0]), w_t, k)[:, :n].float(), inputs)]
 
     return run
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
-    return int8_lowering.supports(spec)
+    return int8_lowering.supports(spec, INT8)
 
 
 register(Tactic("torch_int_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10))

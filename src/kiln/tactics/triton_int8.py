@@ -1,10 +1,14 @@
-"""QuantGemm and QuantConv through the Triton int8 GEMM (kernels/int8_gemm.py): scales, bias, residual,
-activation and requantization fused into the GEMM's epilogue; tile configs pruned by shared memory."""
+"""QuantGemm and QuantConv through the Triton quantized GEMM (kernels/int8_gemm.py): scales, bias, residual,
+activation and requantization fused into the GEMM's epilogue; tile configs pruned by shared memory.
+
+One kernel, two tactics: triton_int8_gemm for int8 layers, triton_fp8_gemm for fp8 e4m3 layers (compute
+capability 8.9 and later; architecture-specific, so --hardware-compat portable builds leave it out)."""
 
 from __future__ import annotations
 
 from kiln.kernels import int8_gemm
 from kiln.kernels.common import smem_limit
+from kiln.kinds.qtype import FP8, INT8
 from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
 from kiln.tactics.registry import Tactic, register
@@ -45,7 +49,13 @@ def _compile(spec: LayerSpec, config, device):
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
-    return int8_lowering.supports(spec)
+    return int8_lowering.supports(spec, INT8)
+
+
+def _supports_fp8(spec: LayerSpec, device) -> str | None:
+    return int8_lowering.supports(spec, FP8) or int8_lowering.fp8_device_reason(device)
 
 
 register(Tactic("triton_int8_gemm", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=20))
+register(Tactic("triton_fp8_gemm", ("QuantGemm", "QuantConv"), _compile, _supports_fp8, _configs, priority=20,
+                arch_specific=True))

@@ -1,11 +1,13 @@
-"""QuantConv (2-D, group 1) through the Triton int8 implicit-GEMM conv (kernels/int8_conv.py): no im2col copy,
-scales, bias, residual, activation and requantization fused; reads any layout, writes NHWC (timed as NHWC)."""
+"""QuantConv (2-D, group 1) through the Triton quantized implicit-GEMM conv (kernels/int8_conv.py): no im2col copy,
+scales, bias, residual, activation and requantization fused; reads any layout, writes NHWC (timed as NHWC).
+triton_int8_conv runs int8 layers, triton_fp8_conv fp8 e4m3 ones (compute capability 8.9 and later)."""
 
 from __future__ import annotations
 
 from kiln.kernels import conv, int8_conv
 from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
+from kiln.kinds.qtype import FP8, INT8
 from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
 from kiln.tactics.registry import Tactic, register
@@ -16,7 +18,13 @@ from kiln.tactics.triton_gemm import _epilogue
 def _supports(spec: LayerSpec, device) -> str | None:
     if spec.kind != "QuantConv":
         return "convolutions only"
-    return int8_lowering.supports(spec)
+    return int8_lowering.supports(spec, INT8)
+
+
+def _supports_fp8(spec: LayerSpec, device) -> str | None:
+    if spec.kind != "QuantConv":
+        return "convolutions only"
+    return int8_lowering.supports(spec, FP8) or int8_lowering.fp8_device_reason(device)
 
 
 def _configs(spec: LayerSpec, device, level: int):
@@ -47,3 +55,5 @@ def _compile(spec: LayerSpec, config, device):
 
 
 register(Tactic("triton_int8_conv", ("QuantConv",), _compile, _supports, _configs, priority=15))
+register(Tactic("triton_fp8_conv", ("QuantConv",), _compile, _supports_fp8, _configs, priority=15,
+                arch_specific=True))
