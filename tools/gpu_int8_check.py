@@ -1,17 +1,19 @@
-"""On CUDA: kiln int8 (and fp16) engines vs fp32 torch for accuracy, vs the fp32 engine for size, and vs torch fp16
-eager and torch.compile(mode="reduce-overhead") for speed, all in one run.
+"""On CUDA: kiln int8, fp8 (and fp16) engines vs fp32 torch for accuracy, vs the fp32 engine for size, and vs torch
+fp16 eager and torch.compile(mode="reduce-overhead") for speed, all in one run.
 
     PYTHONPATH=src python tools/gpu_int8_check.py --out DIR [--budget-seconds 240] [--models resnet50,minilm,bert]
                                                  [--batches 64,1] [--opt-level 2] [--calibrator entropy]
+                                                 [--precisions int8,fp8,fp16]
 
 Models (benchmarks/models.py, random weights): ResNet-50 (BatchNorm statistics calibrated on random images, so
 activations are trained-like), MiniLM-L6 and BERT-base encoders at sequence 128. Each is exported to ONNX once
 (dynamic batch, cached under .kiln-cache/benchmarks) and built per batch: kiln fp16, kiln int8 (calibrated on 32
-random samples other than the ones measured; layers left float run fp16). Accuracy: cosine and max-rel of every
-output vs torch fp32 (TF32 off) on the same inputs. Size: plan bytes, int8 ÷ fp32 plan (a CPU fp32 build), target
-≤ 0.3. Time: CUDA events around each call, median of --iterations after warm-up. --fp8 is not implemented in kiln,
-so there are no fp8 rows. Each step is guarded (a failure is recorded and the run goes on) and skipped when the
-budget would be overrun. JSON goes to DIR/gpu_int8_check.json after every row; the table is printed last.
+random samples other than the ones measured; layers left float run fp16), kiln fp8 (--fp8, e4m3, the same
+calibration; a GPU of compute capability 8.9 or later) when --precisions names fp8. Accuracy: cosine and max-rel
+of every output vs torch fp32 (TF32 off) on the same inputs. Size: plan bytes, int8 (fp8) ÷ fp32 plan (a CPU fp32
+build), target ≤ 0.3. Time: CUDA events around each call, median of --iterations after warm-up. Each step is
+guarded (a failure is recorded and the run goes on) and skipped when the budget would be overrun. JSON goes to
+DIR/gpu_int8_check.json after every row; the table is printed last.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from benchmarks.peers import prepare, runner  # noqa: E402
 from kiln.bench.timer import measure  # noqa: E402
 
 CALIB_SAMPLES = 32
+QUANTIZED = ("int8", "fp8")  # --precisions values built with calibration (--int8 / --fp8)
 SIZE_TARGET = 0.3
 
 
@@ -109,11 +112,11 @@ def build_kiln(spec, path: Path, inputs: dict, want: list, precision: str, args)
     shapes = {k: tuple(v.shape) for k, v in inputs.items()}
     extra = {}
     calib = None
-    if precision == "int8":
+    if precision in QUANTIZED:
         batch = next(iter(shapes.values()))[0]
         calib = [{k: v.numpy() for k, v in spec.inputs(min(batch, 8), args.size_of(spec), seed=100 + i).items()}
                  for i in range(max(1, CALIB_SAMPLES // min(batch, 8)))]
-        extra = dict(int8=True, calibrator=args.calibrator)
+        extra = {precision: True, "calibrator": args.calibrator}
     config = kiln.BuildConfig.with_shapes(shapes, device=args.device, fp16=precision == "fp16",
                                           opt_level=args.opt_level, timing_cache=str(args.out / "timing-cache.sqlite")
                                           if args.device == "cuda" else None, **extra)
@@ -121,11 +124,11 @@ def build_kiln(spec, path: Path, inputs: dict, want: list, precision: str, args)
     engine = kiln.build(path, config, calib_data=calib)
     result = {"build_seconds": time.perf_counter() - t0, "plan_bytes": len(engine.serialize()),
               "tactics": engine.build_info.get("tactics")}
-    if precision == "int8":
+    if precision in QUANTIZED:
         from kiln.quant.report import int8_summary, size_breakdown
 
         s = int8_summary(engine.build_info)
-        result |= {"int8_layers": s["int8_layers"], "quantizable_layers": s["quantizable_layers"],
+        result |= {"quantized_layers": s["quantized_layers"], "quantizable_layers": s["quantizable_layers"],
                    "size_by_content": size_breakdown(engine.network)}
     ctx = engine.create_context()
     feeds = {k: v.to(args.device) for k, v in inputs.items()}
@@ -190,7 +193,7 @@ def check_row(name: str, m: dict, batch: int, args, budget: Budget, rows: list, 
 
 def table(rows: list) -> str:
     head = (f"{'model':9} {'b':>3} {'prec':5} {'cos(out0)':>10} {'max-rel':>8} {'ms':>8} {'best torch':>10} "
-            f"{'speedup':>7} {'int8/fp32':>9} {'size/fp32':>9}")
+            f"{'speedup':>7} {'quantized':>9} {'size/fp32':>9}")
     lines = [head, "-" * len(head)]
     for row in rows:
         peers = [row.get(k, {}).get("median_ms") for k in row if k.startswith("torch_")]
@@ -203,14 +206,15 @@ def table(rows: list) -> str:
                 lines.append(f"{row['model']:9} {row['batch']:>3} {prec:5} {why[:90]}")
                 continue
             acc = next(iter(r["accuracy"].values()))
-            layers = f"{r['int8_layers']}/{r['quantizable_layers']}" if "int8_layers" in r else ""
+            layers = f"{r['quantized_layers']}/{r['quantizable_layers']}" if "quantized_layers" in r else ""
             lines.append(f"{row['model']:9} {row['batch']:>3} {prec:5} {acc['cosine']:>10.5f} {acc['max_rel']:>8.3g} "
                          f"{r['median_ms']:>8.3f} {best or float('nan'):>10.3f} "
                          f"{r.get('speedup_vs_best_torch_fp16', float('nan')):>7.2f} {layers:>9} "
                          f"{r.get('size_vs_fp32', float('nan')):>9.3f}")
         if "error" in row:
             lines.append(f"{row['model']:9} {row['batch']:>3} {row['error'][:100]}")
-    lines.append(f"targets: int8 size/fp32 <= {SIZE_TARGET}; ResNet-50 b64 int8 speedup >= 2.5 vs best torch fp16")
+    lines.append(f"targets: int8 (fp8) size/fp32 <= {SIZE_TARGET}; ResNet-50 b64 int8 speedup >= 2.5 vs best torch "
+                 "fp16")
     return "\n".join(lines)
 
 
@@ -220,7 +224,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-seconds", type=float, default=240.0)
     p.add_argument("--models", default="resnet50,minilm,bert")
     p.add_argument("--batches", default="64,1")
-    p.add_argument("--precisions", default="int8,fp16")
+    p.add_argument("--precisions", default="int8,fp16", help="comma-separated: int8, fp8, fp16 (e.g. int8,fp8)")
     p.add_argument("--peers", default="eager,reduce-overhead")
     p.add_argument("--opt-level", type=int, default=2)
     p.add_argument("--calibrator", default="entropy")
@@ -241,8 +245,7 @@ def main(argv=None) -> int:
     rows: list = []
     info = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
             "kiln": getattr(kiln, "__version__", "?"), "args": {k: str(v) for k, v in vars(args).items()
-                                                                 if k != "size_of"},
-            "fp8": "not implemented in kiln (--fp8 builds say so); no fp8 rows"}
+                                                                 if k != "size_of"}}
 
     def save():
         (args.out / "gpu_int8_check.json").write_text(json.dumps(info | {"rows": rows}, indent=1, default=str))
@@ -250,7 +253,7 @@ def main(argv=None) -> int:
     models: dict[str, dict] = {}
     for batch in args.batches:  # every model at the first batch (64: the throughput targets) before the next
         for name in args.models:
-            if not budget.allows("kiln-int8"):
+            if not budget.allows(f"kiln-{args.precisions[0]}" if args.precisions else "kiln-int8"):
                 rows.append({"model": name, "batch": batch, "error": "skipped: budget spent"})
                 continue
             try:
