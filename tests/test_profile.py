@@ -30,6 +30,17 @@ def test_every_layer_is_timed(model):
     assert [t.mean for t in profile.ranked()] == sorted((t.mean for t in profile.layers), reverse=True)
 
 
+def test_by_kind_sums_layers_of_one_kind_and_tactic():
+    p = LayerProfile((LayerTime("a", "Conv", "float16", "cudnn", (1.0, 3.0)),
+                      LayerTime("b", "Conv", "float16", "cudnn", (4.0,)),
+                      LayerTime("c", "Conv", "float16", "triton_conv", (5.0,)),
+                      LayerTime("d", "Relu", "float16", "triton_pointwise", (1.0,))), 2, "cpu")
+    groups = p.by_kind()
+    assert [(g["kind"], g["tactic"], g["layers"], g["ms"]) for g in groups] == [
+        ("Conv", "cudnn", 2, 6.0), ("Conv", "triton_conv", 1, 5.0), ("Relu", "triton_pointwise", 1, 1.0)]
+    assert sum(g["percent"] for g in groups) == pytest.approx(100.0)
+
+
 def test_bench_dumps_and_exports_the_profile(model, tmp_path):
     out = tmp_path / "profile.json"
     result = invoke("bench", model, "--device", "cpu", "--iterations", "3", "--warmup", "1", "--dump-profile",

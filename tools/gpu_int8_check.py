@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import kiln  # noqa: E402
 from benchmarks.models import SPECS, instantiate, onnx_file, realistic  # noqa: E402
 from benchmarks.peers import prepare, runner  # noqa: E402
+from kiln.bench.profile import profile_layers  # noqa: E402
 from kiln.bench.timer import measure  # noqa: E402
 
 CALIB_SAMPLES = 32
@@ -133,6 +134,11 @@ def build_kiln(spec, path: Path, inputs: dict, want: list, precision: str, args)
     ctx = engine.create_context()
     feeds = {k: v.to(args.device) for k, v in inputs.items()}
     outs = ctx.run(feeds)
+    if args.profile and precision in QUANTIZED:  # where the time goes: each layer timed on its own, eagerly
+        prof = profile_layers(engine, feeds, iterations=10)
+        result["profile"] = {"eager_sum_ms": prof.total_ms, "by_kind": prof.by_kind()[:10],
+                             "slowest": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean}
+                                         for t in prof.ranked()[:8]]}
     result["accuracy"] = accuracy(spec.output_names, [outs[n] for n in spec.output_names], want)
     return result | median_ms(lambda: ctx.run(feeds), args.device, args.warmup, args.iterations)
 
@@ -229,6 +235,7 @@ def main(argv=None) -> int:
     p.add_argument("--opt-level", type=int, default=2)
     p.add_argument("--calibrator", default="entropy")
     p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--profile", action="store_true", help="also time each layer of the quantized engines")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--seq", type=int, default=128)

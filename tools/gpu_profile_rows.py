@@ -9,7 +9,6 @@ Writes DIR/profile-rows.json; prints the top kinds of each row last.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 import time
@@ -37,16 +36,8 @@ def profile_row(name: str, batch: int, cache: Path) -> dict:
                                           timing_cache=str(cache / "profile-timing.db"))
     engine = kiln.build(path, config)
     prof = profile_layers(engine, feeds, iterations=10)
-    groups: dict = collections.defaultdict(lambda: [0, 0.0])
-    for t in prof.layers:
-        g = groups[(t.kind, t.tactic)]
-        g[0] += 1
-        g[1] += t.mean
-    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])
     return {"model": name, "batch": batch, "graph_ms": graph_ms(engine.create_context(), feeds),
-            "eager_sum_ms": prof.total_ms, "layers": len(prof.layers),
-            "by_kind": [{"kind": k, "tactic": tac, "layers": n, "ms": ms, "percent": prof.percent(ms)}
-                        for (k, tac), (n, ms) in ranked],
+            "eager_sum_ms": prof.total_ms, "layers": len(prof.layers), "by_kind": prof.by_kind(),
             "slowest": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean}
                         for t in prof.ranked()[:5]]}
 

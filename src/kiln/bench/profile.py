@@ -60,6 +60,16 @@ class LayerProfile:
     def ranked(self) -> list[LayerTime]:
         return sorted(self.layers, key=lambda layer: layer.mean, reverse=True)
 
+    def by_kind(self) -> list[dict]:
+        """Mean times summed per (layer kind, tactic), slowest group first: where the time goes."""
+        groups: dict[tuple[str, str], list] = {}
+        for t in self.layers:
+            g = groups.setdefault((t.kind, t.tactic), [0, 0.0])
+            g[0] += 1
+            g[1] += t.mean
+        return [{"kind": k, "tactic": tac, "layers": n, "ms": ms, "percent": self.percent(ms)}
+                for (k, tac), (n, ms) in sorted(groups.items(), key=lambda kv: -kv[1][1])]
+
     def to_json(self) -> dict:
         rows = [{"layer": t.name, "kind": t.kind, "precision": t.precision, "tactic": t.tactic, "time_ms": t.total,
                  "mean_ms": t.mean, "median_ms": t.median, "percent": self.percent(t.mean)} for t in self.ranked()]
