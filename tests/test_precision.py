@@ -258,8 +258,8 @@ def test_flag_notes_and_nothing_to_do():
     net32 = _conv_relu()
     net, notes = _reduced(net32, BuildConfig(tf32=True, int8=True, fp8=True))
     assert str(net) == str(net32)
-    # --int8 is the int8 stage's (quant/int8_stage.py), before this pass; --fp8 is not implemented yet
-    assert len(notes) == 2 and "TF32" in notes[0] and "--fp8 is not implemented" in notes[1]
+    # --int8 and --fp8 are the quantization stage's (quant/int8_stage.py), before this pass
+    assert len(notes) == 1 and "TF32" in notes[0]
 
 
 def test_reduced_plan_round_trips(tmp_path):

@@ -110,5 +110,6 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
                             kw, sh, sw, pads[0], pads[1], dh, dw, num_k, float(out_scale or 1.0), float(act_alpha),
                             float(act_beta), *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None,
                             HAS_RES=residual is not None, REQUANT=out_scale is not None, ACT=activation,
-                            FP8=x.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET, **{key: cfg[key] for key in CONFIG_KEYS})
+                            FP8=x.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
+                            **{key: cfg[key] for key in CONFIG_KEYS})
     return y

@@ -24,7 +24,7 @@ from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
 MIN_BLOCK_K = 32
-FP8_PROMOTE = 32  # fp8 products summed in the MMA unit before they join the fp32 accumulator
+FP8_PROMOTE = tl.constexpr(32)  # fp8 products summed in the MMA unit before they join the fp32 accumulator
 QUANTIZED_OPERANDS = (torch.int8, torch.float8_e4m3fn)
 
 

@@ -125,7 +125,8 @@ def pad_bytes(t: torch.Tensor, pad: tuple[int, ...]) -> torch.Tensor:
 def torch_epilogue(spec: LayerSpec, form: GemmForm) -> Callable[[torch.Tensor, list], torch.Tensor]:
     """The reference's epilogue in torch ops: (fp32 accumulators [M, N], the layer's inputs) → its output."""
     a = spec.attrs
-    act, params, out_scale, qt = a.get("activation", "none"), a.get("activation_params", []), a["out_scale"], qtype(spec)
+    act, params, out_scale = a.get("activation", "none"), a.get("activation_params", []), a["out_scale"]
+    qt = qtype(spec)
     out_dtype = float_out(a)
     has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
 
