@@ -316,3 +316,11 @@ def test_fp8_kernels_compile_for_ada_and_hopper(cc):
     if r.returncode and ("ptxas" in r.stderr and "not found" in r.stderr or "ImportError" in r.stderr):
         pytest.skip(f"no Triton CUDA toolchain here: {r.stderr.strip().splitlines()[-1][:200]}")
     assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
+def test_fp8_tolerance_is_one_step_of_the_larger_value():
+    """GPU and reference sums that straddle a binade edge round to neighbours a step of the upper binade apart
+    (112 vs 128: 16 = 1/8 of 128, more than 1/8 of 112); two steps apart is still a wrong result."""
+    f8 = lambda v: torch.tensor(v).to(torch.float8_e4m3fn)  # noqa: E731
+    assert _close([f8([128.0, -30.0])], [f8([112.0, -32.0])], False, quantized=True, fp8=True) is None
+    assert _close([f8([144.0])], [f8([112.0])], False, quantized=True, fp8=True) is not None
