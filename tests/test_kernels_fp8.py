@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import kiln  # noqa: E402
-from kiln.builder.autotune import _close, _random_input  # noqa: E402
+from kiln.builder.autotune import _close, _random_input, fp8_slack  # noqa: E402
 from kiln.builder.device import Device  # noqa: E402
 from kiln.ir import DType  # noqa: E402
 from kiln.kinds import run_reference  # noqa: E402
@@ -68,9 +68,10 @@ def _run(tactic, spec, inputs, device=CPU):
     return t.compile(spec, _config(tactic, spec, device), device)(inputs)[0]
 
 
-def _check(got, want):
+def _check(got, want, spec, inputs):
+    """Within the autotuner's fp8 tolerance: one e4m3 step, plus the accumulation slack of fp8 tensor cores."""
     assert got.dtype == want.dtype and got.shape == want.shape
-    assert _close([got], [want], False, quantized=True, fp8=True) is None
+    assert _close([got], [want], False, quantized=True, fp8=True, slack=fp8_slack(spec, inputs)) is None
 
 
 @pytest.mark.parametrize("tactic", GEMM_TACTICS)
@@ -81,7 +82,7 @@ def test_fp8_quant_gemm(tactic, lead, k, n, out_scale):
     g = torch.Generator().manual_seed(k * n)
     attrs = EPI | {"x_scale": 0.02, "out_scale": out_scale, "activation": "Relu"}
     spec, inputs, want = _spec("QuantGemm", attrs, _gemm_case(g, lead, k, n, bias=n != 13))
-    _check(_run(tactic, spec, inputs), want)
+    _check(_run(tactic, spec, inputs), want, spec, inputs)
 
 
 CONVS = [  # (kernel, strides, pads, dilations)
@@ -103,7 +104,7 @@ def test_fp8_quant_conv(tactic, kernel, strides, pads, dilations):
     inputs.append(torch.randn(run_reference("QuantConv", inputs, attrs)[0].shape, generator=g))
     for out_scale, act in ((None, "none"), (0.5, "Relu")):
         spec, args, want = _spec("QuantConv", attrs | {"out_scale": out_scale, "activation": act}, inputs)
-        _check(_run(tactic, spec, args), want)
+        _check(_run(tactic, spec, args), want, spec, args)
 
 
 @pytest.mark.parametrize("tactic", CONV_TACTICS)
@@ -116,7 +117,7 @@ def test_fp8_conv_channels_last_input_gelu_and_fp16_out(tactic):
                    "strides": [1, 1], "x_scale": 0.05, "out_scale": None, "activation": "Gelu"}
     for extra in ({}, {"out_scale": 0.01}, {"out_dtype": DType.FLOAT16}):
         spec, args, want = _spec("QuantConv", attrs | extra, inputs)
-        _check(_run(tactic, spec, args), want)
+        _check(_run(tactic, spec, args), want, spec, args)
 
 
 def test_fp8_and_int8_tactics_refuse_each_others_layers():
@@ -210,7 +211,7 @@ def test_gpu_fp8_gemm(tactic, lead, k, n, out_scale):
     g = torch.Generator().manual_seed(k)
     attrs = EPI | {"x_scale": 0.02, "out_scale": out_scale, "activation": "Gelu"}
     spec, inputs, want = _spec("QuantGemm", attrs, _gemm_case(g, lead, k, n), "cuda")
-    _check(_run(tactic, spec, inputs, dev), want)
+    _check(_run(tactic, spec, inputs, dev), want, spec, inputs)
 
 
 @pytest.mark.gpu
@@ -226,7 +227,7 @@ def test_gpu_fp8_conv(tactic, n, c, hw, m, k):
                    "pads": [k // 2] * 4, "strides": [1, 1], "x_scale": 0.1, "activation": "Relu"}
     for out_scale in (None, 0.3):
         spec, args, want = _spec("QuantConv", attrs | {"out_scale": out_scale}, inputs, "cuda")
-        _check(_run(tactic, spec, args, dev), want)
+        _check(_run(tactic, spec, args, dev), want, spec, args)
 
 
 @pytest.mark.gpu
@@ -316,6 +317,16 @@ def test_fp8_kernels_compile_for_ada_and_hopper(cc):
     if r.returncode and ("ptxas" in r.stderr and "not found" in r.stderr or "ImportError" in r.stderr):
         pytest.skip(f"no Triton CUDA toolchain here: {r.stderr.strip().splitlines()[-1][:200]}")
     assert r.returncode == 0 and "compiled" in r.stdout, r.stderr[-3000:]
+
+
+def test_fp8_slack_is_a_fraction_of_the_terms_magnitudes():
+    """Σ|x·w|·scales: terms that cancel leave a small result and a large allowance, the activation is not applied."""
+    f8 = torch.tensor([[4.0, -4.0]]).to(F8)
+    attrs = EPI | {"x_scale": 0.5, "out_scale": 0.25, "activation": "Relu"}
+    spec, inputs, want = _spec("QuantGemm", attrs, [f8, torch.tensor([[8.0, 8.0]]).to(F8), torch.tensor([2.0]),
+                                                    torch.tensor([-1.0])])
+    assert want.float().item() == 0.0  # relu(4·8·1 - 4·8·1 - 1)
+    assert fp8_slack(spec, inputs).item() == pytest.approx(2 ** -9 * (64 * 0.5 * 2 + 1) / 0.25)
 
 
 def test_fp8_tolerance_is_one_step_of_the_larger_value():
