@@ -293,7 +293,7 @@ k = build(int8_gemm._int8_gemm_kernel, gemm, {"HAS_BIAS": True, "HAS_RES": True,
 assert "cvt.rn.satfinite.e4m3x2" in k.asm["ptx"] and ("wgmma" in k.asm["ptx"]) == (cc >= 90)
 conv = dict(zip("x w scale bias res y".split(), [f8, f8, "*fp32", "*fp32", "*fp16", "*fp16"]))
 conv |= {k: "i32" for k in "N H W C OH OW CO KW sh sw ph pw dh dw NUM_K".split()}
-conv |= {k: "fp32" for k in "out_scale act_alpha act_beta".split()}
+conv |= {k: "fp32" for k in "out_scale act_alpha act_beta".split()} | {"s_wk": "i32", "s_wn": "i32"}
 conv |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_rn s_rc s_rh s_rw s_yn s_yc s_yh s_yw".split()}
 build(int8_conv._int8_conv_kernel, conv, {"HAS_BIAS": True, "HAS_RES": True, "REQUANT": False, "ACT": "none",
       "FP8": True, "EXACT_DIV": True, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}, cc)

@@ -4,7 +4,8 @@ the input's quantized type or float.
 
 Rows are output pixels (n, oh, ow), columns output channels; the reduction runs over (kh, kw, c) in one flat
 loop of BLOCK_K channel blocks per tap (so the compiler pipelines it), channel innermost: a channels_last input
-is read in contiguous runs. The weight is packed as kernels/conv.py packs it, [KH·KW·C, CO] in the input's type.
+is read in contiguous runs. The weight is [KH·KW·C, CO] in the input's type (kernels/conv.py's order), best
+K-major (`pack_weight`): Hopper's 8-bit tensor-core instructions take only K-major operands from shared memory.
 Epilogue as kernels/int8_gemm.py: fp32(acc)·scale[co] + bias + residual, activation, then requantization or a
 float store.
 """
@@ -24,7 +25,7 @@ CONFIG_KEYS = conv.CONFIG_KEYS
 
 @triton.jit
 def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh, sw, ph, pw, dh, dw, NUM_K,
-                      out_scale, act_alpha, act_beta, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw,
+                      out_scale, act_alpha, act_beta, s_wk, s_wn, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw,
                       s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                       REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -53,7 +54,8 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
         row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         a = load_operand(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + c[None, :] * s_xc,
                          row_ok[:, None] & (c[None, :] < C), FP8)
-        b = load_operand(w + (tap * C + c)[:, None] * CO + rn[None, :], (c[:, None] < C) & n_ok[None, :], FP8)
+        b = load_operand(w + (tap * C + c)[:, None] * s_wk + rn[None, :] * s_wn, (c[:, None] < C) & n_ok[None, :],
+                         FP8)
         if FP8:
             acc = tl.dot(a, b, acc, out_dtype=tl.float32, max_num_imprecise_acc=FP8_PROMOTE)
         else:
@@ -73,6 +75,11 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
         tl.store(out, v.to(y.dtype.element_ty), mask=inside)
 
 
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """[CO, C, KH, KW] → a [KH·KW·C, CO] view of K-major memory ([CO, KH·KW·C] contiguous)."""
+    return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1).contiguous().t()
+
+
 def configs(m: int | None, co: int, c: int, smem: int, level: int) -> list[dict]:
     """kernels/conv.py's tiles at 1-byte itemsize, BLOCK_K raised to the int8 / fp8 MMA depth."""
     out = []
@@ -87,9 +94,9 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
            dilations, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
            out_scale: float | None = None, activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
            out_dtype: torch.dtype = torch.float32, config: dict | None = None) -> torch.Tensor:
-    """The quantized conv of x [N, C, H, W] (int8 or fp8 e4m3, any strides) with `w_packed` (conv.pack_weight of
-    the weight, same type); scale fp32 [CO] = x_scale·w_scale; pads [top, left, bottom, right]. NCHW-shaped,
-    channels_last."""
+    """The quantized conv of x [N, C, H, W] (int8 or fp8 e4m3, any strides) with `w_packed` ([KH·KW·C, CO], any
+    strides: `pack_weight` of the weight, same type); scale fp32 [CO] = x_scale·w_scale; pads [top, left, bottom,
+    right]. NCHW-shaped, channels_last."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     if x.dtype not in QUANTIZED_OPERANDS or w_packed.dtype != x.dtype:
@@ -108,7 +115,8 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     num_k = kh * kw * triton.cdiv(c, cfg["BLOCK_K"])
     _int8_conv_kernel[grid](x, w_packed, scale, bias if bias is not None else scale, r, y, n, h, wd, c, oh, ow, co,
                             kw, sh, sw, pads[0], pads[1], dh, dw, num_k, float(out_scale or 1.0), float(act_alpha),
-                            float(act_beta), *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None,
+                            float(act_beta), *w_packed.stride(), *x.stride(), *r.stride(), *y.stride(),
+                            HAS_BIAS=bias is not None,
                             HAS_RES=residual is not None, REQUANT=out_scale is not None, ACT=activation,
                             FP8=x.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
                             **{key: cfg[key] for key in CONFIG_KEYS})

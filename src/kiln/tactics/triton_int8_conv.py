@@ -4,7 +4,7 @@ triton_int8_conv runs int8 layers, triton_fp8_conv fp8 e4m3 ones (compute capabi
 
 from __future__ import annotations
 
-from kiln.kernels import conv, int8_conv
+from kiln.kernels import int8_conv
 from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import FP8, INT8
@@ -37,7 +37,7 @@ def _configs(spec: LayerSpec, device, level: int):
 def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
     form = int8_lowering.gemm_form(spec)  # its scale and bias: one fp32 product, as the reference rounds it
-    w = conv.pack_weight(spec.inputs[1].const)
+    w = int8_conv.pack_weight(spec.inputs[1].const)
     x_shape = spec.inputs[0].shape
     pt, pl, pb, pr = resolve_pads(tuple(x_shape[2:]), a)
     kernel, strides, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["strides"]), tuple(a["dilations"])
