@@ -108,7 +108,9 @@ def _header(results: Results) -> list[str]:
             "GPU. `kiln ÷ best peer` is kiln's speed over the fastest peer's in the same row (> 1: kiln is "
             "faster). `floor` is the model's Conv/MatMul/Gemm FLOPs ÷ the matmul probe's rate; `kiln of floor` "
             "is the floor time ÷ kiln's time. Accuracy: kiln against torch fp32 on the same inputs (lowest cosine "
-            "similarity / highest max |kiln − torch| ÷ max |torch| over the outputs).", ""]
+            "similarity / highest max |kiln − torch| ÷ max |torch| over the outputs). int8 / fp8 rows: kiln "
+            "quantized (entropy calibration on 32 random inputs other than the measured ones), the peers in fp16 "
+            "(torch has no automatic int8).", ""]
 
 
 def _remarks(results: Results, notes: list[str]) -> list[str]:

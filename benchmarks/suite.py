@@ -32,6 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / ".kiln-cache" / "benchmarks"  # git-ignored; kept between calls on a warm machine
 TIMING = {False: dict(warmup=10, iterations=50, duration=10.0), True: dict(warmup=2, iterations=5, duration=2.0)}
+# kiln's quantized precisions: calibrated on CALIB_SAMPLES random inputs other than the measured ones; torch has no
+# automatic int8/fp8, so their peers run fp16 (the bar the issue sets: the best torch fp16 mode in the same run)
+QUANTIZED = ("int8", "fp8")
+CALIB_SAMPLES = 32
+PRECISIONS = (*DTYPES, *QUANTIZED)
 
 
 class Budget:
@@ -75,7 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=_csv(SPECS), default=list(SPECS), help="comma-separated: " + ", ".join(SPECS))
     p.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 64])
-    p.add_argument("--precisions", type=_csv(DTYPES), default=["fp16"], help="fp16, bf16, fp32")
+    p.add_argument("--precisions", type=_csv(PRECISIONS), default=["fp16"],
+                   help="fp16, bf16, fp32, int8, fp8 (quantized rows: kiln calibrated, peers in fp16)")
     p.add_argument("--peers", type=_csv(PEERS), default=[p for p in PEERS if p not in OPT_IN],
                    help="eager, default, reduce-overhead, max-autotune (the last only for --max-autotune models)")
     p.add_argument("--max-autotune", type=_csv(SPECS), default=[],
@@ -149,9 +155,16 @@ def bench_kiln(spec: Spec, path: Path, inputs: dict, want: list, precision: str,
     """Build the engine (build time recorded), check it against torch, time it."""
     shapes = {k: tuple(v.shape) for k, v in inputs.items()}
     timing_cache = str(args.cache / "timing-cache.sqlite") if args.device == "cuda" else None
+    calib, quant = None, {}
+    if precision in QUANTIZED:
+        n = min(next(iter(shapes.values()))[0], 8)
+        size = args.image_size if spec.task == "image" else args.seq_len
+        calib = [{k: v.numpy() for k, v in spec.inputs(n, size or spec.default_size, seed=100 + i).items()}
+                 for i in range(max(1, CALIB_SAMPLES // n))]
+        quant = {precision: True, "calibrator": "entropy"}
     config = kiln.BuildConfig.with_shapes(shapes, device=args.device, fp16=precision == "fp16",
-                                          bf16=precision == "bf16", opt_level=3, timing_cache=timing_cache)
-    engine = kiln.build(path, config)
+                                          bf16=precision == "bf16", opt_level=3, timing_cache=timing_cache, **quant)
+    engine = kiln.build(path, config, calib_data=calib)
     ctx = engine.create_context()
     feeds = {k: v.to(args.device) for k, v in inputs.items()}
     outs = ctx.run(feeds)
@@ -163,6 +176,7 @@ def bench_kiln(spec: Spec, path: Path, inputs: dict, want: list, precision: str,
 
 
 def bench_peer(peer: str, spec: Spec, made: Made, inputs: dict, precision: str, args) -> dict:
+    precision = "fp16" if precision in QUANTIZED else precision
     model, call_args = prepare(made.module, inputs, precision, args.device, spec.channels_last)
     call, first_s = runner(peer, model, call_args)
     result = {"first_call_seconds": first_s}
@@ -286,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.backends.cudnn.benchmark = True  # for every engine and peer alike: fixed shapes, tuned convolutions
     results = new_results(args, argv)
     run = results["runs"][-1]
-    for precision in args.precisions:
+    for precision in [p for p in args.precisions if p in DTYPES]:
         rate = guarded("matmul probe", lambda: {"rate": matmul_rate(args.device, precision, args.quick)})
         if "rate" in rate:
             run["matmul_flops_per_s"][precision] = rate["rate"]

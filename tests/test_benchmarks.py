@@ -96,6 +96,17 @@ def _conv_reshape_matmul_gemm() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
+def test_quantized_rows_time_fp16_peers(tmp_path):
+    """An int8 row: kiln builds calibrated int8 layers, the peer runs fp16, accuracy is measured in the same row."""
+    results = _suite(tmp_path, "--models", "minilm", "--batches", "2", "--precisions", "int8", "--peers", "eager")
+    (row,) = results["rows"]
+    assert row["precision"] == "int8" and row["kiln"]["median_ms"] > 0 and row["peers"]["eager"]["median_ms"] > 0
+    assert row["kiln"]["accuracy"]["last_hidden_state"]["cosine"] > 0.99
+    assert "int8" not in results["runs"][0]["matmul_flops_per_s"]  # no int8 matmul probe: no floor for the row
+    md = next((tmp_path / "out").glob("cpu-*.md")).read_text()
+    assert "| minilm | 2 | int8 |" in md
+
+
 def test_flop_count_by_hand():
     count = count_flops(_conv_reshape_matmul_gemm(), {"x": (2, 3, 8, 8)})
     conv = 2 * (2 * 4 * 8 * 8) * (3 * 3 * 3)  # 2 × output elements × (Cin × kH × kW)

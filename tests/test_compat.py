@@ -292,3 +292,22 @@ def test_gpu_portable_build_keeps_triton_configs_within_48k_and_retunes(tmp_path
     assert tuned.build_info["retune"]["timing_cache"]["hits"] >= 1  # the build filled the cache
     x = np.random.default_rng(1).standard_normal((512, 512)).astype(np.float32)
     np.testing.assert_allclose(tuned.run({"x": x})["y"], engine.run({"x": x})["y"], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_tactic_this_gpu_cannot_run_falls_back_to_the_reference_with_a_note():
+    """A plan's tactic whose supports() refuses the layer here (fp8 on a GPU without fp8, a tactic a newer kiln
+    narrowed) runs the reference, says so in load_notes, and gives the reference's result."""
+    from kiln.builder.autotune import Choice
+    from kiln.engine import Engine
+    from kiln.ir import DType, Layer, Network
+
+    net = Network("n")
+    net.add_tensor("x", DType.FLOAT32, (4, 8))
+    net.add_tensor("y", DType.FLOAT32, (4, 8))
+    net.inputs, net.outputs = ["x"], ["y"]
+    net.layers = [Layer("r", "Relu", ["x"], ["y"])]
+    engine = Engine(net, kiln.BuildConfig(device="cuda"), detect("cuda"), tactics={"r": Choice("torch_scaled_mm")})
+    assert engine.compiled == {} and "this GPU cannot run it" in engine.build_info["load_notes"][0]
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(engine.run({"x": x})["y"], np.maximum(x, 0))

@@ -62,8 +62,10 @@ def check_model(name: str, batch: int, cache: Path) -> dict:
     arena = {"arena_bytes": plan.arena_bytes, "placed": len(plan.offsets), "unplaced": plan.unplaced,
              "peak_run_bytes": torch.cuda.max_memory_allocated() - base, "graphs": len(ctx.graphs.runs)
              if ctx.graphs else 0, "eager": ctx.eager_reasons}
+    notes = engine.build_info.get("load_notes", [])  # tactics the engine could not compile or run here
     return {"model": name, "batch": batch, "source": made.source, "build_s": round(build_s, 1), "arena": arena,
-            "outputs": outs, "ok": all(o["cosine"] >= 0.999 and o["finite"] for o in outs.values())}
+            "outputs": outs, "load_notes": notes,
+            "ok": not notes and all(o["cosine"] >= 0.999 and o["finite"] for o in outs.values())}
 
 
 def dynamic_check(cache: Path) -> dict:

@@ -17,7 +17,7 @@ from kiln.ir import Network
 from kiln.runtime.context import to_device
 from kiln.runtime.host_inputs import HOST_INPUTS, with_host_constants
 from kiln.runtime.memory_plan import plan_memory
-from kiln.tactics import registry
+from kiln.tactics import hardware_compat, registry
 from kiln.tactics.registry import Kernel
 from kiln.tactics.spec import layer_spec
 
@@ -45,7 +45,9 @@ class Engine:
                                        fresh={n for n in t if t[n].fresh or t[n].writes_out})
 
     def _compile(self, layer) -> Kernel:
-        """The layer's kernel from its chosen tactic; a tactic that no longer compiles falls back to the reference."""
+        """The layer's kernel from its chosen tactic; a tactic this GPU cannot run (a plan loaded under
+        `--policy warn` elsewhere: fp8 on a GPU without fp8 tensor cores, say) or that no longer compiles falls back
+        to the reference, with a note."""
         choice = self.tactics[layer.name]
         spec = layer_spec(self.network, layer, self.weights, self.config.tf32)
         if choice.tactic == registry.REFERENCE:
@@ -55,6 +57,10 @@ class Engine:
             return with_host_constants(kernel, host) if host and self.device.backend == "cuda" else kernel
         try:
             tactic = registry.get(choice.tactic)
+            why = (hardware_compat.tactic_reason(tactic, self.device) or tactic.supports(spec, self.device)) \
+                if self.device.backend == "cuda" else None
+            if why:
+                raise RuntimeError(f"this GPU cannot run it: {why}")
             kernel = tactic.compile(spec, choice.config, self.device)
             self.compiled[layer.name] = tactic
             return kernel
