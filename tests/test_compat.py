@@ -303,11 +303,11 @@ def test_a_tactic_this_gpu_cannot_run_falls_back_to_the_reference_with_a_note():
     from kiln.ir import DType, Layer, Network
 
     net = Network("n")
-    net.add_tensor("x", DType.FLOAT32, (4, 8))
-    net.add_tensor("y", DType.FLOAT32, (4, 8))
+    net.add_tensor("x", DType.INT32, (4, 8))
+    net.add_tensor("y", DType.INT32, (4, 8))
     net.inputs, net.outputs = ["x"], ["y"]
-    net.layers = [Layer("r", "Relu", ["x"], ["y"])]
-    engine = Engine(net, kiln.BuildConfig(device="cuda"), detect("cuda"), tactics={"r": Choice("torch_scaled_mm")})
+    net.layers = [Layer("r", "Relu", ["x"], ["y"])]  # the Triton pointwise kernel takes float layers only
+    engine = Engine(net, kiln.BuildConfig(device="cuda"), detect("cuda"), tactics={"r": Choice("triton_pointwise")})
     assert engine.compiled == {} and "this GPU cannot run it" in engine.build_info["load_notes"][0]
-    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    x = np.random.default_rng(0).integers(-5, 5, (4, 8)).astype(np.int32)
     np.testing.assert_array_equal(engine.run({"x": x})["y"], np.maximum(x, 0))
