@@ -17,10 +17,12 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import conv
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, pow2
 from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, load_operand, requant
 
 CONFIG_KEYS = conv.CONFIG_KEYS
+_SPACE_8BIT = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+               (128, 128, 128, 8, 3), (64, 128, 64, 4, 4)]
 
 
 @triton.jit
@@ -81,8 +83,15 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 def configs(m: int | None, co: int, c: int, smem: int, level: int) -> list[dict]:
-    """kernels/conv.py's tiles at 1-byte itemsize, BLOCK_K raised to the int8 / fp8 MMA depth."""
+    """8-bit tiles first (wider and deeper than the fp16 conv's: 1-byte operands, 32-deep MMAs), then
+    kernels/conv.py's tiles with BLOCK_K raised to the MMA depth; all that fit `smem` and the problem."""
     out = []
+    for t in _SPACE_8BIT:
+        cfg = dict(zip(CONFIG_KEYS, t))
+        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], pow2(c, MIN_BLOCK_K, 128))
+        if (cfg["BLOCK_M"] <= pow2(m or 256, 16, 256) and cfg["BLOCK_N"] <= pow2(co, 16, 256)
+                and conv.smem_bytes(cfg, 1) <= smem and cfg not in out):
+            out.append(cfg)
     for cfg in conv.configs(m, co, c, 1, smem, max(level, 4)):
         cfg = dict(cfg, BLOCK_K=max(cfg["BLOCK_K"], MIN_BLOCK_K))
         if conv.smem_bytes(cfg, 1) <= smem and cfg not in out:
