@@ -22,6 +22,7 @@ from kiln.ir import DType  # noqa: E402
 from kiln.kinds import run_reference  # noqa: E402
 from kiln.tactics import registry  # noqa: E402
 from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
+from test_kernels_int8 import CONVS as INT8_CONVS, _spec  # noqa: E402
 
 F8 = torch.float8_e4m3fn
 CPU = Device("cpu", "cpu", "cpu")
@@ -34,16 +35,6 @@ EPI = {"activation": "none", "activation_params": [], "qtype": "fp8e4m3"}
 
 def _f8(g, *shape, s=60.0):
     return (torch.randn(*shape, generator=g) * s).clamp(-448, 448).to(F8)
-
-
-def _spec(kind, attrs, inputs, device="cpu"):
-    """The spec (inputs 1..3 constant) and the reference output."""
-    inputs = [None if t is None else t.to(device) for t in inputs]
-    vals = tuple(None if t is None else ValueSpec(DType.from_torch(t.dtype), tuple(t.shape), t if 0 < i < 4 else None)
-                 for i, t in enumerate(inputs))
-    want = run_reference(kind, inputs, attrs)[0]
-    return LayerSpec("q", kind, attrs, vals, (ValueSpec(DType.from_torch(want.dtype), tuple(want.shape)),)), \
-        inputs, want
 
 
 def _gemm_case(g, lead, k, n, bias=True):
@@ -85,12 +76,7 @@ def test_fp8_quant_gemm(tactic, lead, k, n, out_scale):
     _check(_run(tactic, spec, inputs), want, spec, inputs)
 
 
-CONVS = [  # (kernel, strides, pads, dilations)
-    (1, [1, 1], [0, 0, 0, 0], [1, 1]),
-    (1, [2, 2], [0, 0, 0, 0], [1, 1]),
-    (3, [1, 1], [1, 1, 1, 1], [1, 1]),
-    (3, [2, 2], [0, 1, 1, 0], [2, 2]),
-]
+CONVS = INT8_CONVS[:4]  # 1x1, strided 1x1, padded 3x3, strided dilated 3x3 (the 7x7 stem is slow interpreted)
 
 
 @pytest.mark.parametrize("tactic", CONV_TACTICS)
