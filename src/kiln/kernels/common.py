@@ -54,6 +54,25 @@ def pow2(n: int, lo: int, hi: int) -> int:
 
 
 @triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of this program's GEMM tile, programs ordered in GROUP_M-row bands so that neighbours
+    share rows of A and columns of W in L2."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first_m = (pid // per_group) * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_m, (pid % per_group) // group_m
+
+
+@triton.jit
+def output_pixels(N, OH, OW, BLOCK_M: tl.constexpr):
+    """The rows of this program's implicit-GEMM conv tile as output pixels: (n, oh, ow, inside the output)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rm // (OW * OH), (rm // OW) % OH, rm % OW, rm < N * OH * OW
+
+
+@triton.jit
 def sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 

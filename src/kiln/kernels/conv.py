@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, pow2, upcast_dot
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, output_pixels, pow2, upcast_dot
 from kiln.kernels.out_buffer import take
 
 PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # configs offered per opt level; all from level 4
@@ -26,15 +26,9 @@ def _conv_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, CO, KH, KW, sh, sw, ph,
                  s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n, oh, ow, m_ok = output_pixels(N, OH, OW, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    ow = rm % OW
-    oh = (rm // OW) % OH
-    n = rm // (OW * OH)
-    m_ok = rm < N * OH * OW
     n_ok = rn < CO
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kh in range(0, KH):

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, pow2, upcast_dot
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, grouped_tile, pow2, upcast_dot
 from kiln.kernels.out_buffer import take
 
 TILES_WANTED = 64  # the default config shrinks tiles until a problem has this many (enough to fill most GPUs)
@@ -32,15 +32,7 @@ def _gemm_kernel(a, w, bias, c, M, N, K, alpha, beta, act_alpha, act_beta,
                  s_am, s_ak, s_wk, s_wn, s_bm, s_bn, s_cm, s_cn,
                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
-
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)

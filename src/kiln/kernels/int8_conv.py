@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import conv
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, pow2
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, output_pixels, pow2
 from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, load_operand, requant
 
 CONFIG_KEYS = conv.CONFIG_KEYS
@@ -31,15 +31,9 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
                       s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                       REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n, oh, ow, m_ok = output_pixels(N, OH, OW, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    ow = rm % OW
-    oh = (rm // OW) % OH
-    n = rm // (OW * OH)
-    m_ok = rm < N * OH * OW
     n_ok = rn < CO
     c_blocks = tl.cdiv(C, BLOCK_K)
     if FP8:

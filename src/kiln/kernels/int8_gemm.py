@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import gemm
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, grouped_tile
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
 MIN_BLOCK_K = 32
@@ -74,15 +74,7 @@ def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, act_alpha, 
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr,
                       FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
-
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)

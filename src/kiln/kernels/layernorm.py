@@ -16,6 +16,18 @@ from kiln.kernels.out_buffer import take
 
 
 @triton.jit
+def _normalize_row(v, inside, w, b, cols, N, eps, HAS_BIAS: tl.constexpr):
+    """One row held in registers (fp32, zeros outside `inside`), normalized, scaled by w and shifted by b."""
+    mean = tl.sum(v, 0) / N
+    d = tl.where(inside, v - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
+    out = d * rstd * tl.load(w + cols, mask=inside, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        out += tl.load(b + cols, mask=inside, other=0.0).to(tl.float32)
+    return out
+
+
+@triton.jit
 def _layernorm_kernel(x, w, b, y, N, s_x, s_y, eps, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
                       ONE_PASS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -25,13 +37,8 @@ def _layernorm_kernel(x, w, b, y, N, s_x, s_y, eps, HAS_BIAS: tl.constexpr, BLOC
     if ONE_PASS:
         inside = cols < N
         v = tl.load(x + cols, mask=inside, other=0.0).to(tl.float32)
-        mean = tl.sum(v, 0) / N
-        d = tl.where(inside, v - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
-        out = d * rstd * tl.load(w + cols, mask=inside, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            out += tl.load(b + cols, mask=inside, other=0.0).to(tl.float32)
-        tl.store(y + cols, out.to(y.dtype.element_ty), mask=inside)
+        tl.store(y + cols, _normalize_row(v, inside, w, b, cols, N, eps, HAS_BIAS).to(y.dtype.element_ty),
+                 mask=inside)
     else:
         total = tl.zeros((BLOCK,), dtype=tl.float32)
         for start in range(0, N, BLOCK):
@@ -81,13 +88,7 @@ def _add_layernorm_kernel(a, r, w, b, y, s, N, s_a, s_r, eps, HAS_BIAS: tl.const
     v = v.to(y.dtype.element_ty)  # the sum is rounded to the tensors' dtype, as the unfused Add gives it
     if STORE_SUM:
         tl.store(s + row * N + cols, v, mask=inside)
-    v = v.to(tl.float32)
-    mean = tl.sum(v, 0) / N
-    d = tl.where(inside, v - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
-    out = d * rstd * tl.load(w + cols, mask=inside, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        out += tl.load(b + cols, mask=inside, other=0.0).to(tl.float32)
+    out = _normalize_row(v.to(tl.float32), inside, w, b, cols, N, eps, HAS_BIAS)
     tl.store(y + row * N + cols, out.to(y.dtype.element_ty), mask=inside)
 
 
