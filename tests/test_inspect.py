@@ -108,6 +108,18 @@ def test_plan_size_is_broken_down_by_what_it_holds(fp16_plan):
     assert size["weights_by_dtype"] == by_dtype and "float16" in by_dtype
     assert 0 <= size["other"] < 4096  # the safetensors index and its padding
     assert isinstance(memory["arena_bytes"], int) and memory["workspace_limit_bytes"] is None
+    assert memory["arena"].endswith("activations at planned offsets") or "in memory their kernels allocate" in \
+        memory["arena"]
+
+
+def test_arena_line_says_how_many_activations_it_holds():
+    from kiln.cli.output import fmt_arena
+
+    assert fmt_arena({"arena_bytes": 4096, "offsets": {"a": 0, "b": 256}, "unplaced": 0}) == \
+        "4.0 KiB: all 2 activations at planned offsets"
+    assert fmt_arena({"arena_bytes": 2048, "offsets": {"a": 0}, "unplaced": 3}).startswith(
+        "2.0 KiB: 1 activations at planned offsets, 3 in memory their kernels allocate")
+    assert fmt_arena({"arena_bytes": None}).startswith("sized at run time")
 
 
 def test_plan_reports_the_workspace_limit(tmp_path):
