@@ -110,6 +110,12 @@ def _forced(engine, allowed) -> Engine:
     return Engine(engine.network, engine.config, engine.device, tactics=choices)
 
 
+def _named(*prefixes: str) -> set[str]:
+    """Every registered tactic whose name starts with one of `prefixes` (the tactic modules loaded first)."""
+    registry.get(registry.REFERENCE)  # loads the tactic library
+    return {t for t in registry.TACTICS if t.startswith(prefixes)}
+
+
 def _inside(t: torch.Tensor, block: torch.Tensor) -> bool:
     start = block.data_ptr()
     return start <= t.data_ptr() < start + block.numel()
@@ -140,8 +146,7 @@ def test_bert_engine_places_its_activations_and_matches_the_reference(tiny_bert)
     run after run, outputs are not arena memory, and kept intermediates (compare --mark-all) are right."""
     path, feeds = tiny_bert
     ref = kiln.build(str(path), CONFIG)
-    allowed = {t for t in registry.TACTICS if t.startswith(("triton_", "view_"))} | {"cublaslt_fused_gemm",
-                                                                                       "cublas_matmul"}
+    allowed = _named("triton_", "view_") | {"cublaslt_fused_gemm", "cublas_matmul"}
     eng = _forced(ref, allowed - {"triton_fused_attention", "triton_flash_attention"})
     placed = [n for n, t in eng.compiled.items() if t.writes_out]
     plan = eng.memory_plan
@@ -176,3 +181,28 @@ def test_kernels_write_where_the_arena_says():
     torch.testing.assert_close(y, torch.nn.functional.conv2d(x, k, padding=1), rtol=1e-3, atol=1e-3)
     with pytest.raises(kiln.errors.InternalError, match="too small"):
         gemm.matmul(a, w, out=buf[:64])
+
+
+@pytest.mark.parametrize("quant", ["int8", "fp8"])
+def test_quantized_engine_runs_from_the_arena(tmp_path, quant):
+    """int8 / fp8 convs, GEMMs and QuantizeLinear layers write into the arena; run after run, the engine gives
+    the reference engine's result (int8 exactly: integer sums; fp8 within its float accumulation)."""
+    from test_quant_fp8 import _cnn
+
+    path, x = _cnn(tmp_path)
+    x = x[:4]
+    config = kiln.BuildConfig.with_shapes({"x": x.shape}, device=ON.backend, calib=str(tmp_path / "calib.npz"),
+                                          calibrator="minmax", **{quant: True})
+    ref = kiln.build(path, config)
+    eng = _forced(ref, _named("triton_", "view_"))
+    placed = {eng.compiled[n].name for n in eng.compiled if eng.compiled[n].writes_out}
+    assert {f"triton_{quant}_conv", "triton_quantize"} <= placed, placed
+    assert eng.memory_plan.arena_bytes > 0 and len(eng.memory_plan.offsets) >= 4
+    want = ref.run({"x": x})["y"]
+    ctx = eng.create_context()
+    for _ in range(2):
+        got = ctx.run({"x": x})["y"]
+        if quant == "int8":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05 * np.abs(want).max())

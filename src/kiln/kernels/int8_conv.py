@@ -19,6 +19,7 @@ import triton.language as tl
 from kiln.kernels import conv
 from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, output_pixels, pow2
 from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, load_operand, requant
+from kiln.kernels.out_buffer import take
 
 CONFIG_KEYS = conv.CONFIG_KEYS
 _SPACE_8BIT = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
@@ -96,7 +97,8 @@ def configs(m: int | None, co: int, c: int, smem: int, level: int) -> list[dict]
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], strides, pads,
            dilations, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
            out_scale: float | None = None, activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
-           out_dtype: torch.dtype = torch.float32, config: dict | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype = torch.float32, config: dict | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """The quantized conv of x [N, C, H, W] (int8 or fp8 e4m3, any strides) with `w_packed` ([KH·KW·C, CO], any
     strides: `pack_weight` of the weight, same type); scale fp32 [CO] = x_scale·w_scale; pads [top, left, bottom,
     right]. NCHW-shaped, channels_last."""
@@ -109,7 +111,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
     dtype = x.dtype if out_scale is not None else out_dtype
-    y = torch.empty((n, co, oh, ow), dtype=dtype, device=x.device, memory_format=torch.channels_last)
+    y = take(out, (n, co, oh, ow), dtype, x.device, torch.channels_last)  # in `out`'s bytes when given
     if y.numel() == 0:
         return y
     cfg = config or configs(n * oh * ow, co, c, DEFAULT_SMEM, 1)[0]

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from kiln.kernels import gemm
 from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, grouped_tile
+from kiln.kernels.out_buffer import take
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
 MIN_BLOCK_K = 32
@@ -123,7 +124,7 @@ def configs(m: int | None, n: int, k: int, smem: int, level: int) -> list[dict]:
 def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, *, out_scale: float | None = None, activation: str = "none",
            act_alpha: float = 1.0, act_beta: float = 0.0, out_dtype: torch.dtype = torch.float32,
-           config: dict | None = None) -> torch.Tensor:
+           config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The module docstring's epilogue over a (M, K) @ w (K, N), both int8 or both fp8 e4m3; `scale` is fp32 [N]
     (x_scale · w_scale, one fp32 product), bias fp32 [N], residual (M, N) any float type; out in a's type when
     `out_scale` is given, else `out_dtype` (the fp32 value rounded once on store)."""
@@ -133,7 +134,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {a.dtype} and {w.dtype}")
     (m, k), n = a.shape, w.shape[1]
     cfg = config or configs(m, n, k, DEFAULT_SMEM, 1)[0]
-    c = torch.empty((m, n), dtype=a.dtype if out_scale is not None else out_dtype, device=a.device)
+    c = take(out, (m, n), a.dtype if out_scale is not None else out_dtype, a.device)  # in `out`'s bytes if given
     if m == 0 or n == 0:
         return c
     r = residual if residual is not None else c

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from kiln.kernels.common import INTERPRET
 from kiln.kernels.int8_gemm import _div, round_e4m3
+from kiln.kernels.out_buffer import take
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³ (kernels/int8_gemm.py)
 CONFIGS = [{"BLOCK": 2048, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8}, {"BLOCK": 1024, "num_warps": 4}]
@@ -33,14 +34,14 @@ def _quantize_kernel(x, q, n, scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
 
 
 def quantize(x: torch.Tensor, scale: float, config: dict | None = None,
-             dtype: torch.dtype = torch.int8) -> torch.Tensor:
+             dtype: torch.dtype = torch.int8, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (fp32/fp16/bf16) as `dtype` (int8 or float8_e4m3fn) with fp32 `scale` (module docstring), in x's memory
-    format."""
+    format (in `out`'s bytes when given)."""
     cfg = config or CONFIGS[0]
     fmt = torch.channels_last if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(
         memory_format=torch.channels_last) else torch.contiguous_format
     src = x.contiguous(memory_format=fmt)
-    q = torch.empty_like(src, dtype=dtype, memory_format=fmt)
+    q = take(out, src.shape, dtype, src.device, fmt)
     n = src.numel()
     if n:
         _quantize_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](src, q, n, float(scale), FP8=dtype == torch.float8_e4m3fn,

@@ -48,4 +48,4 @@ def _supports(spec: LayerSpec, device) -> str | None:
     return int8_lowering.supports(spec, INT8)
 
 
-register(Tactic("torch_int_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10))
+register(Tactic("torch_int_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10, fresh=True))

@@ -53,4 +53,5 @@ def _supports(spec: LayerSpec, device) -> str | None:
     return int8_lowering.supports(spec, FP8) or int8_lowering.fp8_device_reason(device)
 
 
-register(Tactic("torch_scaled_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10, arch_specific=True))
+register(Tactic("torch_scaled_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10, arch_specific=True,
+                fresh=True))

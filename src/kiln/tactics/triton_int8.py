@@ -11,6 +11,7 @@ from kiln.kernels.common import smem_limit
 from kiln.kinds.qtype import FP8, INT8
 from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
+from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import rows
@@ -38,11 +39,12 @@ def _compile(spec: LayerSpec, config, device):
     out_dtype = float_out(spec.attrs)
     has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
 
-    def run(inputs):
+    def run(inputs, out=None):
         x = inputs[0]
         res = form.res_rows(inputs[4]) if has_residual else None
         y = int8_gemm.matmul(form.rows(x), w, scale, bias, res, out_scale=out_scale, activation=act,
-                             act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=config)
+                             act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=config,
+                             out=first(out))
         return [form.back(y, x)]
 
     return run
@@ -56,6 +58,7 @@ def _supports_fp8(spec: LayerSpec, device) -> str | None:
     return int8_lowering.supports(spec, FP8) or int8_lowering.fp8_device_reason(device)
 
 
-register(Tactic("triton_int8_gemm", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=20))
+register(Tactic("triton_int8_gemm", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=20,
+                writes_out=True))
 register(Tactic("triton_fp8_gemm", ("QuantGemm", "QuantConv"), _compile, _supports_fp8, _configs, priority=20,
-                arch_specific=True))
+                arch_specific=True, writes_out=True))

@@ -10,6 +10,7 @@ from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import FP8, INT8
 from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
+from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_gemm import _epilogue
@@ -46,14 +47,15 @@ def _compile(spec: LayerSpec, config, device):
     has_residual = len(spec.inputs) > 4 and spec.inputs[4] is not None
     tiles = {k: config[k] for k in int8_conv.CONFIG_KEYS}
 
-    def run(inputs):
+    def run(inputs, out=None):
         return [int8_conv.conv2d(inputs[0], w, form.scale, kernel, strides, [pt, pl, pb, pr], dilations, form.bias,
                                  inputs[4] if has_residual else None, out_scale=out_scale, activation=act,
-                                 act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=tiles)]
+                                 act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=tiles,
+                                 out=first(out))]
 
     return run
 
 
-register(Tactic("triton_int8_conv", ("QuantConv",), _compile, _supports, _configs, priority=15))
+register(Tactic("triton_int8_conv", ("QuantConv",), _compile, _supports, _configs, priority=15, writes_out=True))
 register(Tactic("triton_fp8_conv", ("QuantConv",), _compile, _supports_fp8, _configs, priority=15,
-                arch_specific=True))
+                arch_specific=True, writes_out=True))

@@ -7,6 +7,7 @@ from kiln.ir import DType
 from kiln.kernels import quantize
 from kiln.kernels.common import dtype_reason
 from kiln.tactics.int8_lowering import fp8_device_reason
+from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 
@@ -43,7 +44,7 @@ def _configs(spec: LayerSpec, device, level: int):
 
 def _compile(spec: LayerSpec, config, device):
     scale, dtype = _scale(spec), spec.attrs["output_dtype"].torch
-    return lambda inputs: [quantize.quantize(inputs[0], scale, config, dtype)]
+    return lambda inputs, out=None: [quantize.quantize(inputs[0], scale, config, dtype, first(out))]
 
 
-register(Tactic("triton_quantize", ("QuantizeLinear",), _compile, _supports, _configs, priority=20))
+register(Tactic("triton_quantize", ("QuantizeLinear",), _compile, _supports, _configs, priority=20, writes_out=True))
