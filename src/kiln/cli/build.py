@@ -9,7 +9,7 @@ import typer
 
 import kiln
 from kiln.cli.errors import command
-from kiln.cli.options import Device, Json, Shapes, Verbose, parse_memory_pools, parse_shapes
+from kiln.cli.options import Device, Json, Shapes, SignKey, Verbose, parse_memory_pools, parse_shapes
 from kiln.cli.output import build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
 from kiln.engine.signing import load_private_key
@@ -137,8 +137,7 @@ def build(
                            "the most sensitive layers stay float until it holds.")] = None,
     validation: Annotated[Optional[Path], typer.Option(
         "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, like --calib).")] = None,
-    sign_key: Annotated[Optional[Path], typer.Option(
-        "--sign-key", help="Sign the plan with this Ed25519 private key (from `kiln keygen`).")] = None,
+    sign_key: SignKey = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:

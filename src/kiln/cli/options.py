@@ -21,6 +21,8 @@ Policy = Annotated[str, typer.Option(
                      "difference), warn (run it, saying what differs) or retune (re-tune it for this device).")]
 VerifyKey = Annotated[Optional[Path], typer.Option(
     "--verify-key", help="Public key file (KEY.pub from `kiln keygen`): refuse plans not signed by its key.")]
+SignKey = Annotated[Optional[Path], typer.Option(
+    "--sign-key", help="Sign the plan written with this Ed25519 private key (from `kiln keygen`).")]
 ModelPath = Annotated[Path, typer.Argument(help="A plan file, or an .onnx model to build on the fly.",
                                            show_default=False)]
 

@@ -9,7 +9,7 @@ import typer
 
 from kiln.cli.errors import command
 from kiln.cli.inputs import load_plan
-from kiln.cli.options import Json, VerifyKey, Verbose
+from kiln.cli.options import Json, SignKey, VerifyKey, Verbose
 from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, stdout
 from kiln.engine.signing import load_private_key
 from kiln.errors import ConfigError
@@ -22,8 +22,7 @@ def retune(
                                          show_default=False)],
     timing_cache: Annotated[Optional[Path], typer.Option(
         "--timing-cache", help="Timing cache file to read and fill (re-tuning with it takes seconds).")] = None,
-    sign_key: Annotated[Optional[Path], typer.Option(
-        "--sign-key", help="Sign the re-tuned plan with this Ed25519 private key (from `kiln keygen`).")] = None,
+    sign_key: SignKey = None,
     verify_key: VerifyKey = None,
     verbose: Verbose = False,
     as_json: Json = False,
