@@ -1,0 +1,120 @@
+"""int8 or fp8 (e4m3) GEMM fed by Hopper's tensor memory accelerator (TMA): A [M, K] and W [N, K] tiles arrive
+by bulk asynchronous copies (out-of-range rows and columns read as zeros), the quantized epilogue of
+kernels/int8_gemm.py runs on the accumulator, and the output tile leaves by a TMA store (clipped at the edges).
+
+Needs compute capability 9.0, dense row-major operands and rows of a multiple of 16 bytes; `usable` says
+whether a call qualifies. Same arithmetic as kernels/int8_gemm.py, so the two are interchangeable tactics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kiln.kernels.common import ACTIVATIONS, INTERPRET, activate, grouped_tile
+from kiln.kernels.gemm import CONFIG_KEYS
+from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, requant
+from kiln.kernels.out_buffer import take
+
+try:  # triton ≥ 3.3
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the tactic refuses
+    TensorDescriptor = None
+
+TMA_ALIGN = 16  # bytes: TMA base addresses and row strides
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), best-first
+_SPACE = [(128, 256, 128, 8, 8, 3), (128, 128, 128, 8, 8, 4), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 4),
+          (128, 128, 64, 8, 4, 5), (128, 64, 128, 8, 4, 4), (64, 128, 128, 8, 4, 4), (64, 64, 128, 8, 4, 4),
+          (256, 128, 128, 8, 8, 3), (128, 64, 64, 8, 4, 5)]
+
+
+@triton.jit
+def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_scale, res_scale, act_alpha,
+                     act_beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr,
+                     REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    if FP8:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, kb * BLOCK_K])
+        b = w_desc.load([off_n, kb * BLOCK_K])
+        if FP8:
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.float32, max_num_imprecise_acc=FP8_PROMOTE)
+        else:
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    v = acc.to(tl.float32) * tl.load(scale + rn, mask=rn < N, other=0.0)[None, :]
+    if HAS_BIAS:
+        v += tl.load(bias + rn, mask=rn < N, other=0.0)[None, :]
+    if HAS_RES:
+        r = r_desc.load([off_m, off_n]).to(tl.float32)
+        if RES_Q:
+            r = r * res_scale
+        v += r
+    v = activate(v, ACT, act_alpha, act_beta)
+    if REQUANT:
+        v = requant(v, out_scale, FP8, EXACT_DIV)
+    c_desc.store([off_m, off_n], v.to(c_desc.dtype))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0 \
+        and t.data_ptr() % TMA_ALIGN == 0
+
+
+def usable(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> str | None:
+    """Why a TMA GEMM cannot run a [M, K] @ w [N, K]ᵀ on its device as laid out, or None."""
+    if TensorDescriptor is None:
+        return "this triton has no tensor descriptors"
+    if not a.is_cuda or torch.cuda.get_device_capability(a.device) < (9, 0):
+        return "TMA needs compute capability 9.0"
+    if not (_dense(a) and _dense(w)) or (residual is not None and not _dense(residual)):
+        return "operands must be row-major with rows of a multiple of 16 bytes"
+    return None
+
+
+def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
+    """Tiles that fit `smem` (num_stages A and W tiles plus the output tile) and do not dwarf the problem."""
+    out = []
+    for t in _SPACE:
+        cfg = dict(zip(CONFIG_KEYS, t))
+        need = cfg["num_stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] + 4 * cfg["BLOCK_M"] * cfg[
+            "BLOCK_N"]
+        if need <= smem and cfg["BLOCK_K"] <= max(32, triton.next_power_of_2(k)) and cfg["BLOCK_N"] <= max(
+                64, triton.next_power_of_2(n)) and cfg["BLOCK_M"] <= max(64, triton.next_power_of_2(m or 256)):
+            out.append(cfg)
+    return out
+
+
+def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, *, out_scale: float | None = None, res_scale: float | None = None,
+           activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
+           out_dtype: torch.dtype = torch.float32, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels/int8_gemm.matmul's result for a (M, K) @ w (N, K)ᵀ (`w` N-major here), through TMA; `res_scale`
+    dequantizes a residual of a's type."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    if a.dtype not in QUANTIZED_OPERANDS or w.dtype != a.dtype:
+        raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {a.dtype} and {w.dtype}")
+    (m, k), n = a.shape, w.shape[0]
+    c = take(out, (m, n), a.dtype if out_scale is not None else out_dtype, a.device)
+    if m == 0 or n == 0:
+        return c
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    r = residual if residual is not None else c
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _tma_gemm_kernel[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+                           TensorDescriptor.from_tensor(c, [bm, bn]), TensorDescriptor.from_tensor(r, [bm, bn]),
+                           scale, bias if bias is not None else scale, m, n, k, float(out_scale or 1.0),
+                           float(res_scale or 1.0), float(act_alpha), float(act_beta), HAS_BIAS=bias is not None,
+                           HAS_RES=residual is not None, RES_Q=res_scale is not None, REQUANT=out_scale is not None,
+                           ACT=activation, FP8=a.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                           GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
+                           num_stages=config["num_stages"])
+    return c

@@ -1,0 +1,94 @@
+"""On an H100: the TMA-fed int8 GEMM (kernels/int8_gemm_tma.py) against kiln's pointer-fed int8 GEMM and conv,
+torch._int_mm (cuBLASLt) and the fp16 peer (cuDNN conv / cuBLAS GEMM), at ResNet-50 b64 1x1-conv and BERT-base
+b64 GEMM shapes; every kernel requantizes to int8 (bias, ReLU), best of its configs. Writes JSON to --out.
+
+    PYTHONPATH=src python tools/gpu_int8_tma_probe.py --out probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from kiln.bench.timer import measure  # noqa: E402
+from kiln.kernels import int8_conv, int8_gemm, int8_gemm_tma  # noqa: E402
+
+# (label, M, K, N, conv spatial size or None)
+SHAPES = [("r50 l1 1x1 64->256", 64 * 56 * 56, 64, 256, 56), ("r50 l1 1x1 256->64", 64 * 56 * 56, 256, 64, 56),
+          ("r50 l2 1x1 512->128", 64 * 28 * 28, 512, 128, 28), ("r50 l2 1x1 128->512", 64 * 28 * 28, 128, 512, 28),
+          ("r50 l3 1x1 1024->256", 64 * 14 * 14, 1024, 256, 14), ("r50 l3 1x1 256->1024", 64 * 14 * 14, 256, 1024, 14),
+          ("r50 l4 1x1 2048->512", 64 * 7 * 7, 2048, 512, 7), ("r50 l4 1x1 512->2048", 64 * 7 * 7, 512, 2048, 7),
+          ("bert qkv", 8192, 768, 2304, None), ("bert out", 8192, 768, 768, None),
+          ("bert ffn1", 8192, 768, 3072, None), ("bert ffn2", 8192, 3072, 768, None)]
+SMEM = 227 * 1024
+
+
+def ms(fn) -> float:
+    return measure(fn, device="cuda", warmup=5, iterations=30).median
+
+
+def best(fns: list[tuple[str, callable]]) -> tuple[float, str, int]:
+    out = []
+    for label, fn in fns:
+        try:
+            out.append((ms(fn), label))
+        except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is skipped
+            print(f"    {label}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+    t, label = min(out) if out else (float("inf"), "none ran")
+    return t, label, len(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="int8-tma-probe.json")
+    args = ap.parse_args()
+    rows = []
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+    for label, m, k, n, hw in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randint(-100, 100, (m, k), device="cuda", dtype=torch.int8, generator=g)
+        w = torch.randint(-100, 100, (n, k), device="cuda", dtype=torch.int8, generator=g)
+        scale = torch.full((n,), 1e-4, device="cuda")
+        bias = torch.randn(n, device="cuda", generator=g)
+        a16, w16 = a.half(), w.half()
+        row = {"shape": label, "M": m, "K": k, "N": n}
+        if hw is not None:
+            x16 = a16.view(m // (hw * hw), hw, hw, k).permute(0, 3, 1, 2)
+            row["fp16_cudnn"] = ms(lambda: torch.relu(F.conv2d(x16, w16.view(n, k, 1, 1), bias.half())))
+            x8 = a.view(m // (hw * hw), hw, hw, k).permute(0, 3, 1, 2)
+            packed = int8_conv.pack_weight(w.view(n, k, 1, 1))
+            row["kiln_conv"] = best([(str(c), lambda c=c: int8_conv.conv2d(
+                x8, packed, scale, (1, 1), (1, 1), [0] * 4, (1, 1), bias, out_scale=0.05, activation="relu",
+                config={key: c[key] for key in int8_conv.CONFIG_KEYS}))
+                for c in int8_conv.configs(m, n, k, SMEM, 3)[:10]])
+        else:
+            row["fp16_cublas"] = ms(lambda: F.gelu(F.linear(a16, w16, bias.half())))
+        row["int_mm"] = ms(lambda: torch._int_mm(a, w.t()))
+        row["kiln_gemm"] = best([(str(c), lambda c=c: int8_gemm.matmul(
+            a, w.t(), scale, bias, out_scale=0.05, activation="relu", config=c))
+            for c in int8_gemm.configs(m, n, k, SMEM, 3)[:10]])
+        row["tma_gemm"] = best([(str(c), lambda c=c: int8_gemm_tma.matmul(
+            a, w, scale, bias, out_scale=0.05, activation="relu", config=c))
+            for c in int8_gemm_tma.configs(m, n, k, SMEM)])
+        ref = int8_gemm.matmul(a, w.t(), scale, bias, out_scale=0.05, activation="relu")
+        cfg = int8_gemm_tma.configs(m, n, k, SMEM)[0]
+        got = int8_gemm_tma.matmul(a, w, scale, bias, out_scale=0.05, activation="relu", config=cfg)
+        row["tma_equal"] = bool(torch.equal(ref, got))
+        row["ops"] = 2 * m * k * n
+        rows.append(row)
+        peer = row.get("fp16_cudnn", row.get("fp16_cublas"))
+        print(f"{label:24} fp16 {peer:.4f}  int_mm {row['int_mm']:.4f}  kiln_conv {row.get('kiln_conv', [0])[0]:.4f}"
+              f"  kiln_gemm {row['kiln_gemm'][0]:.4f}  tma {row['tma_gemm'][0]:.4f} {row['tma_gemm'][1]}"
+              f"  equal {row['tma_equal']}", flush=True)
+    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                          "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
