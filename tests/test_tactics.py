@@ -122,3 +122,18 @@ def test_torch_pool_tactics_match_reference_on_cpu(kind, attrs):
     tactic = next(t for t in registry.BY_KIND[kind] if t.name.startswith("torch_"))
     assert tactic.supports(spec, None) is None
     torch.testing.assert_close(tactic.compile(spec, {}, None)([x])[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_tactic_timing_counts_device_time_not_host_launch_cost():
+    import time
+
+    from kiln.builder.autotune import _time
+
+    x = torch.ones(1024, device="cuda")
+
+    def slow_host(inputs):  # 2 ms of host work before a microsecond kernel, like a slow Python launcher
+        time.sleep(0.002)
+        return inputs[0] + 1
+
+    assert _time(slow_host, [x], 5) < 1000.0
