@@ -26,11 +26,22 @@ SHAPES = [("r50 l1 1x1 64->256", 64 * 56 * 56, 64, 256, 56), ("r50 l1 1x1 256->6
           ("r50 l4 1x1 2048->512", 64 * 7 * 7, 2048, 512, 7), ("r50 l4 1x1 512->2048", 64 * 7 * 7, 512, 2048, 7),
           ("bert qkv", 8192, 768, 2304, None), ("bert out", 8192, 768, 768, None),
           ("bert ffn1", 8192, 768, 3072, None), ("bert ffn2", 8192, 3072, 768, None)]
+# 3x3 convs, stride 1, pad 1 (label, N, C, HW, CO)
+CONVS3 = [("r50 l1 3x3 64", 64, 64, 56, 64), ("r50 l2 3x3 128", 64, 128, 28, 128), ("r50 l3 3x3 256", 64, 256, 14, 256),
+          ("r50 l4 3x3 512", 64, 512, 7, 512)]
 SMEM = 227 * 1024
 
 
-def ms(fn) -> float:
-    return measure(fn, device="cuda", warmup=5, iterations=30).median
+def ms(fn, repeat: int = 10) -> float:
+    """Device time of one fn() call: `repeat` calls captured in one CUDA graph, replays timed (no host overhead,
+    as in a kiln engine)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            fn()
+    return measure(graph.replay, device="cuda", warmup=3, iterations=20).median / repeat
 
 
 def best(fns: list[tuple[str, callable]]) -> tuple[float, str, int]:
@@ -47,7 +58,11 @@ def best(fns: list[tuple[str, callable]]) -> tuple[float, str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="int8-tma-probe.json")
+    ap.add_argument("--fast-div", action="store_true", help="requantize with the approximate division (timing only)")
     args = ap.parse_args()
+    if args.fast_div:
+        for mod in (int8_conv, int8_gemm, int8_gemm_tma):
+            mod.INTERPRET = True  # the kernels take EXACT_DIV=not INTERPRET
     rows = []
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
     for label, m, k, n, hw in SHAPES:
@@ -60,7 +75,9 @@ def main() -> None:
         row = {"shape": label, "M": m, "K": k, "N": n}
         if hw is not None:
             x16 = a16.view(m // (hw * hw), hw, hw, k).permute(0, 3, 1, 2)
-            row["fp16_cudnn"] = ms(lambda: torch.relu(F.conv2d(x16, w16.view(n, k, 1, 1), bias.half())))
+            x16 = x16.contiguous(memory_format=torch.channels_last)
+            w4 = w16.view(n, k, 1, 1).contiguous(memory_format=torch.channels_last)
+            row["fp16_cudnn"] = ms(lambda: torch.cudnn_convolution_relu(x16, w4, bias.half(), (1, 1), (0, 0), (1, 1), 1))
             x8 = a.view(m // (hw * hw), hw, hw, k).permute(0, 3, 1, 2)
             packed = int8_conv.pack_weight(w.view(n, k, 1, 1))
             row["kiln_conv"] = best([(str(c), lambda c=c: int8_conv.conv2d(
@@ -86,6 +103,24 @@ def main() -> None:
         print(f"{label:24} fp16 {peer:.4f}  int_mm {row['int_mm']:.4f}  kiln_conv {row.get('kiln_conv', [0])[0]:.4f}"
               f"  kiln_gemm {row['kiln_gemm'][0]:.4f}  tma {row['tma_gemm'][0]:.4f} {row['tma_gemm'][1]}"
               f"  equal {row['tma_equal']}", flush=True)
+    for label, n, c, hw, co in CONVS3:
+        x16 = torch.randn(n, c, hw, hw, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+        w16 = torch.randn(co, c, 3, 3, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+        b16 = torch.randn(co, device="cuda", dtype=torch.half)
+        row = {"shape": label, "fp16_cudnn_relu": ms(lambda: torch.cudnn_convolution_relu(
+            x16, w16, b16, (1, 1), (1, 1), (1, 1), 1))}
+        x8 = x16.clamp(-100, 100).to(torch.int8).contiguous(memory_format=torch.channels_last)
+        packed = int8_conv.pack_weight(w16.clamp(-100, 100).to(torch.int8))
+        scale = torch.full((co,), 1e-4, device="cuda")
+        bias = b16.float()
+        row["kiln_conv"] = best([(str(cf), lambda cf=cf: int8_conv.conv2d(
+            x8, packed, scale, (3, 3), (1, 1), [1] * 4, (1, 1), bias, out_scale=0.05, activation="relu",
+            config={key: cf[key] for key in int8_conv.CONFIG_KEYS}))
+            for cf in int8_conv.configs(n * hw * hw, co, c, SMEM, 3)[:12]])
+        row["ops"] = 2 * n * hw * hw * co * c * 9
+        rows.append(row)
+        print(f"{label:24} fp16 {row['fp16_cudnn_relu']:.4f}  kiln_conv {row['kiln_conv'][0]:.4f} {row['kiln_conv'][1]}",
+              flush=True)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                           "rows": rows}, indent=1))
 
