@@ -94,6 +94,19 @@ def test_fp8_quant_conv(tactic, kernel, strides, pads, dilations):
 
 
 @pytest.mark.parametrize("tactic", CONV_TACTICS)
+def test_fp8_quant_conv_fp8_residual(tactic):
+    """An fp8 residual with res_scale (a previous block's fp8 output), fp32 and fp8 out, within the fp8 tolerance."""
+    g = torch.Generator().manual_seed(21)
+    inputs = _conv_case(g, 2, 3, 9, 10, 3)
+    attrs = EPI | {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [3, 3], "pads": [1] * 4,
+                   "strides": [1, 1], "x_scale": 0.1, "out_scale": None, "res_scale": 0.0071}
+    inputs.append(_f8(g, *run_reference("QuantConv", inputs, attrs)[0].shape))
+    for out_scale, act in ((None, "none"), (0.5, "Relu")):
+        spec, args, want = _spec("QuantConv", attrs | {"out_scale": out_scale, "activation": act}, inputs)
+        _check(_run(tactic, spec, args), want, spec, args)
+
+
+@pytest.mark.parametrize("tactic", CONV_TACTICS)
 def test_fp8_conv_channels_last_input_gelu_and_fp16_out(tactic):
     """An NHWC input, as a previous quantized conv leaves it; Gelu; the fp16 output a fp16 reader gets."""
     g = torch.Generator().manual_seed(3)
@@ -271,18 +284,23 @@ def build(fn, sig, consts, cc):
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32))
 
 f8, cc = "*fp8e4nv", int(sys.argv[1])
-gemm = dict(zip("a w scale bias res c M N K out_scale act_alpha act_beta".split(),
-                [f8, f8, "*fp32", "*fp32", "*fp16", f8, "i32", "i32", "i32", "fp32", "fp32", "fp32"]))
+gemm = dict(zip("a w scale bias res c M N K out_scale res_scale act_alpha act_beta".split(),
+                [f8, f8, "*fp32", "*fp32", "*fp16", f8, "i32", "i32", "i32", "fp32", "fp32", "fp32", "fp32"]))
 gemm |= {k: "i32" for k in "s_am s_ak s_wk s_wn s_rm s_rn s_cm s_cn".split()}
-k = build(int8_gemm._int8_gemm_kernel, gemm, {"HAS_BIAS": True, "HAS_RES": True, "REQUANT": True, "ACT": "relu",
-          "FP8": True, "EXACT_DIV": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, cc)
+k = build(int8_gemm._int8_gemm_kernel, gemm, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": False, "REQUANT": True,
+          "ACT": "relu", "FP8": True, "EXACT_DIV": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
+          "GROUP_M": 8}, cc)
 assert "cvt.rn.satfinite.e4m3x2" in k.asm["ptx"] and ("wgmma" in k.asm["ptx"]) == (cc >= 90)
 conv = dict(zip("x w scale bias res y".split(), [f8, f8, "*fp32", "*fp32", "*fp16", "*fp16"]))
 conv |= {k: "i32" for k in "N H W C OH OW CO KW sh sw ph pw dh dw NUM_K".split()}
-conv |= {k: "fp32" for k in "out_scale act_alpha act_beta".split()} | {"s_wk": "i32", "s_wn": "i32"}
+conv |= {k: "fp32" for k in "out_scale res_scale act_alpha act_beta".split()} | {"s_wk": "i32", "s_wn": "i32"}
 conv |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_rn s_rc s_rh s_rw s_yn s_yc s_yh s_yw".split()}
-build(int8_conv._int8_conv_kernel, conv, {"HAS_BIAS": True, "HAS_RES": True, "REQUANT": False, "ACT": "none",
-      "FP8": True, "EXACT_DIV": True, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}, cc)
+tiles = {"EXACT_DIV": True, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
+build(int8_conv._int8_conv_kernel, conv | {"res": f8}, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
+      "REQUANT": False, "ACT": "none", "FP8": True} | tiles, cc)
+i8 = {"x": "*i8", "w": "*i8", "res": "*i8", "y": "*i8"}  # int8, reading an int8 residual (res_scale) and requantizing
+build(int8_conv._int8_conv_kernel, conv | i8, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True, "REQUANT": True,
+      "ACT": "relu", "FP8": False} | tiles, cc)
 build(quantize._quantize_kernel, {"x": "*fp16", "q": f8, "n": "i32", "scale": "fp32"},
       {"FP8": True, "EXACT_DIV": True, "BLOCK": 1024}, cc)
 print("compiled")

@@ -103,6 +103,36 @@ def test_quant_conv_exact(tactic, kernel, strides, pads, dilations):
 
 
 @pytest.mark.parametrize("tactic", CONV_TACTICS)
+@pytest.mark.parametrize("kernel,strides,pads,dilations", [CONVS[0], CONVS[3]])
+def test_quant_conv_int8_residual_exact(tactic, kernel, strides, pads, dilations):
+    """An int8 residual with res_scale (a previous block's int8 output, NCHW or NHWC), bias, Relu; fp32 and
+    requantized out: bit-exact."""
+    g = torch.Generator().manual_seed(kernel + 50)
+    inputs, _ = _conv_case(g, 2, 3, 9, 10, kernel)
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": dilations, "kernel_shape": [kernel, kernel],
+             "pads": pads, "strides": strides, "x_scale": 0.1, "out_scale": None, "res_scale": 0.0123} | EPI
+    r = _i8(g, *run_reference("QuantConv", inputs, attrs | {"res_scale": None})[0].shape)
+    for out_scale, act, res in ((None, "none", r), (0.5, "Relu", r.contiguous(memory_format=torch.channels_last))):
+        spec, args, want = _spec("QuantConv", attrs | {"out_scale": out_scale, "activation": act}, inputs + [res])
+        got = _run(tactic, spec, args)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got, want)
+
+
+def test_quant_conv_residual_type_must_match_res_scale():
+    """A tactic refuses, with its reason, an int8 residual without res_scale and a float one with it."""
+    g = torch.Generator().manual_seed(6)
+    inputs, _ = _conv_case(g, 1, 4, 5, 8, 1)
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4,
+             "strides": [1, 1], "x_scale": 0.1, "out_scale": None} | EPI
+    int8_res, _, _ = _spec("QuantConv", attrs, inputs + [_i8(g, 1, 8, 5, 5)])
+    float_res, _, _ = _spec("QuantConv", attrs | {"res_scale": 0.1}, inputs + [torch.randn(1, 8, 5, 5)])
+    for tactic in CONV_TACTICS:
+        assert "needs a res_scale" in registry.get(tactic).supports(int8_res, CPU)
+        assert "res_scale is given" in registry.get(tactic).supports(float_res, CPU)
+
+
+@pytest.mark.parametrize("tactic", CONV_TACTICS)
 def test_quant_conv_channels_last_input_and_gelu(tactic):
     """An NHWC (channels_last) input, as a previous int8 conv leaves it; Gelu within the autotuner's tolerance."""
     g = torch.Generator().manual_seed(3)

@@ -54,6 +54,29 @@ def test_quant_conv_matches_integer_convolution_with_residual():
     assert np.array_equal(y.numpy(), want)
 
 
+def test_quant_conv_int8_residual_is_dequantized_by_res_scale():
+    """With res_scale the residual is int8 and adds fp32(r_q) · fp32(res_scale), one fp32 product, before the
+    activation; requantized as before."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(-127, 128, (2, 4, 5, 5), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (6, 4, 1, 1), generator=g, dtype=torch.int8)
+    ws, b = torch.rand(6, generator=g) * 1e-3, torch.randn(6, generator=g)
+    r = torch.randint(-127, 128, (2, 6, 5, 5), generator=g, dtype=torch.int8)
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4,
+             "strides": [1, 1], "x_scale": 0.1, "out_scale": None, "res_scale": 0.037, "activation": "Relu",
+             "activation_params": []}
+    y = run_reference("QuantConv", [x, w, ws, b, r], attrs)[0]
+    acc = np.einsum("nchw,mc->nmhw", x.numpy().astype(np.int64), w.numpy()[:, :, 0, 0].astype(np.int64))
+    res = (r.numpy().astype(np.float32) * np.float32(0.037)).astype(np.float32)   # rounded once, as fp32
+    want = np.maximum(_np_epilogue(acc, 0.1, ws.numpy(), b.numpy(), 1) + res, np.float32(0))
+    assert y.dtype == torch.float32 and np.array_equal(y.numpy(), want)
+    q = run_reference("QuantConv", [x, w, ws, b, r], attrs | {"out_scale": 0.05})[0]
+    assert q.dtype == torch.int8 and np.array_equal(q.numpy(), np.clip(np.rint(want / np.float32(0.05)), -127, 127))
+    # res_scale absent: the residual is float and read as it is; the same values give the same output
+    assert torch.equal(run_reference("QuantConv", [x, w, ws, b, torch.from_numpy(res)], attrs | {"res_scale": None})[0],
+                       y)
+
+
 def test_weight_quantization_is_symmetric_per_output_channel():
     w = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 1.5, -0.75]])
     q, s = quantize_weight(w, axis=0)

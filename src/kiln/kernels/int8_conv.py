@@ -6,8 +6,8 @@ Rows are output pixels (n, oh, ow), columns output channels; the reduction runs 
 loop of BLOCK_K channel blocks per tap (so the compiler pipelines it), channel innermost: a channels_last input
 is read in contiguous runs. The weight is [KH·KW·C, CO] in the input's type (kernels/conv.py's order), best
 K-major (`pack_weight`): Hopper's 8-bit tensor-core instructions take only K-major operands from shared memory.
-Epilogue as kernels/int8_gemm.py: fp32(acc)·scale[co] + bias + residual, activation, then requantization or a
-float store.
+Epilogue as kernels/int8_gemm.py: fp32(acc)·scale[co] + bias + residual (float, or of the input's type times
+`res_scale`), activation, then requantization or a float store.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import triton.language as tl
 
 from kiln.kernels import conv
 from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, output_pixels, pow2
-from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, load_operand, requant
+from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, check_residual, load_operand, \
+    requant, residual_tile
 from kiln.kernels.out_buffer import take
 
 CONFIG_KEYS = conv.CONFIG_KEYS
@@ -28,10 +29,10 @@ _SPACE_8BIT = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3), 
 
 @triton.jit
 def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh, sw, ph, pw, dh, dw, NUM_K,
-                      out_scale, act_alpha, act_beta, s_wk, s_wn, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw,
-                      s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                      REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      out_scale, res_scale, act_alpha, act_beta, s_wk, s_wn, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc,
+                      s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                      RES_Q: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr,
+                      EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n, oh, ow, m_ok = output_pixels(N, OH, OW, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -63,7 +64,7 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
         v += tl.load(bias + rn, mask=n_ok, other=0.0)[None, :]
     if HAS_RES:
         r = res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rn[None, :] * s_rc
-        v += tl.load(r, mask=inside, other=0.0).to(tl.float32)
+        v += residual_tile(r, inside, res_scale, RES_Q, FP8)
     v = activate(v, ACT, act_alpha, act_beta)
     out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc
     if REQUANT:
@@ -96,16 +97,17 @@ def configs(m: int | None, co: int, c: int, smem: int, level: int) -> list[dict]
 
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], strides, pads,
            dilations, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
-           out_scale: float | None = None, activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
-           out_dtype: torch.dtype = torch.float32, config: dict | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out_scale: float | None = None, res_scale: float | None = None, activation: str = "none",
+           act_alpha: float = 1.0, act_beta: float = 0.0, out_dtype: torch.dtype = torch.float32,
+           config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The quantized conv of x [N, C, H, W] (int8 or fp8 e4m3, any strides) with `w_packed` ([KH·KW·C, CO], any
     strides: `pack_weight` of the weight, same type); scale fp32 [CO] = x_scale·w_scale; pads [top, left, bottom,
-    right]. NCHW-shaped, channels_last."""
+    right]; a residual of x's type needs `res_scale`. NCHW-shaped, channels_last."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     if x.dtype not in QUANTIZED_OPERANDS or w_packed.dtype != x.dtype:
         raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {x.dtype} and {w_packed.dtype}")
+    check_residual(residual, res_scale, x.dtype)
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
     (sh, sw), (dh, dw) = strides, dilations
     oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
@@ -119,10 +121,10 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_M"]), triton.cdiv(co, cfg["BLOCK_N"]))
     num_k = kh * kw * triton.cdiv(c, cfg["BLOCK_K"])
     _int8_conv_kernel[grid](x, w_packed, scale, bias if bias is not None else scale, r, y, n, h, wd, c, oh, ow, co,
-                            kw, sh, sw, pads[0], pads[1], dh, dw, num_k, float(out_scale or 1.0), float(act_alpha),
-                            float(act_beta), *w_packed.stride(), *x.stride(), *r.stride(), *y.stride(),
-                            HAS_BIAS=bias is not None,
-                            HAS_RES=residual is not None, REQUANT=out_scale is not None, ACT=activation,
+                            kw, sh, sw, pads[0], pads[1], dh, dw, num_k, float(out_scale or 1.0),
+                            float(res_scale or 1.0), float(act_alpha), float(act_beta), *w_packed.stride(),
+                            *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                            RES_Q=res_scale is not None, REQUANT=out_scale is not None, ACT=activation,
                             FP8=x.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
                             **{key: cfg[key] for key in CONFIG_KEYS})
     return y

@@ -2,6 +2,7 @@
 
     acc = A_q @ W_q (int8: int32, exact; fp8: fp32, tl.dot on fp8 operands)
     y = fp32(acc) · (x_scale · w_scale[n]) + bias[n] + residual[m, n];  y = act(y)
+        (a residual of the operands' type, `res_scale` given, is added as fp32(r_q) · res_scale)
     out = y (fp32 or fp16), or requantized: int8(clamp(round_half_even(y / out_scale), -127, 127)), or for fp8
     the nearest e4m3 value of y / out_scale (ties to even), saturated to ±448
 
@@ -70,11 +71,20 @@ def requant(v, out_scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr):
 
 
 @triton.jit
-def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, act_alpha, act_beta,
+def residual_tile(ptrs, mask, res_scale, RES_Q: tl.constexpr, FP8: tl.constexpr):
+    """A residual tile as the fp32 value the epilogue adds: a float one as is, a quantized one (RES_Q, of the
+    operands' type) times res_scale (one fp32 product)."""
+    if RES_Q:
+        return load_operand(ptrs, mask, FP8).to(tl.float32) * res_scale
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, res_scale, act_alpha, act_beta,
                       s_am, s_ak, s_wk, s_wn, s_rm, s_rn, s_cm, s_cn,
-                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr,
-                      FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr, REQUANT: tl.constexpr,
+                      ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -102,13 +112,20 @@ def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, act_alpha, 
     if HAS_BIAS:
         v += tl.load(bias + rn, mask=rn < N, other=0.0)[None, :]
     if HAS_RES:
-        v += tl.load(res + rm[:, None] * s_rm + rn[None, :] * s_rn, mask=inside, other=0.0).to(tl.float32)
+        v += residual_tile(res + rm[:, None] * s_rm + rn[None, :] * s_rn, inside, res_scale, RES_Q, FP8)
     v = activate(v, ACT, act_alpha, act_beta)
     if REQUANT:
         q = requant(v, out_scale, FP8, EXACT_DIV)
         tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, q.to(c.dtype.element_ty), mask=inside)
     else:
         tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, v, mask=inside)
+
+
+def check_residual(residual: torch.Tensor | None, res_scale: float | None, qdtype: torch.dtype) -> None:
+    """A residual is of the operands' type exactly when `res_scale` is given (else a float type)."""
+    if residual is not None and (res_scale is not None) != (residual.dtype == qdtype):
+        raise ValueError(f"a {residual.dtype} residual with res_scale {res_scale} and {qdtype} operands: a "
+                         f"{qdtype} residual needs res_scale, a float one none")
 
 
 def configs(m: int | None, n: int, k: int, smem: int, level: int) -> list[dict]:
@@ -122,16 +139,18 @@ def configs(m: int | None, n: int, k: int, smem: int, level: int) -> list[dict]:
 
 
 def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None, *, out_scale: float | None = None, activation: str = "none",
-           act_alpha: float = 1.0, act_beta: float = 0.0, out_dtype: torch.dtype = torch.float32,
-           config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           residual: torch.Tensor | None = None, *, out_scale: float | None = None, res_scale: float | None = None,
+           activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
+           out_dtype: torch.dtype = torch.float32, config: dict | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """The module docstring's epilogue over a (M, K) @ w (K, N), both int8 or both fp8 e4m3; `scale` is fp32 [N]
-    (x_scale · w_scale, one fp32 product), bias fp32 [N], residual (M, N) any float type; out in a's type when
-    `out_scale` is given, else `out_dtype` (the fp32 value rounded once on store)."""
+    (x_scale · w_scale, one fp32 product), bias fp32 [N], residual (M, N) any float type, or a's type with
+    `res_scale`; out in a's type when `out_scale` is given, else `out_dtype` (the fp32 value rounded once on store)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     if a.dtype not in QUANTIZED_OPERANDS or w.dtype != a.dtype:
         raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {a.dtype} and {w.dtype}")
+    check_residual(residual, res_scale, a.dtype)
     (m, k), n = a.shape, w.shape[1]
     cfg = config or configs(m, n, k, DEFAULT_SMEM, 1)[0]
     c = take(out, (m, n), a.dtype if out_scale is not None else out_dtype, a.device)  # in `out`'s bytes if given
@@ -140,10 +159,10 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     r = residual if residual is not None else c
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _int8_gemm_kernel[grid](a, w, scale, bias if bias is not None else scale, r, c, m, n, k,
-                            float(out_scale or 1.0), float(act_alpha), float(act_beta),
+                            float(out_scale or 1.0), float(res_scale or 1.0), float(act_alpha), float(act_beta),
                             a.stride(0), a.stride(1), w.stride(0), w.stride(1), r.stride(0), r.stride(1),
                             c.stride(0), c.stride(1), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                            REQUANT=out_scale is not None, ACT=activation, FP8=a.dtype == torch.float8_e4m3fn,
-                            EXACT_DIV=not INTERPRET,
+                            RES_Q=res_scale is not None, REQUANT=out_scale is not None, ACT=activation,
+                            FP8=a.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
                             **{key: cfg[key] for key in gemm.CONFIG_KEYS})
     return c

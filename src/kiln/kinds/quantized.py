@@ -8,7 +8,9 @@ Scheme: weights symmetric per output channel (w ≈ w_q · w_scale[c]), activati
                             fp8: exact products summed in float64, rounded once to fp32 (GPU tensor cores
                             accumulate in fp32 or less, so GPU results are compared with a tolerance)
     y    = fp32(acc) · fp32(x_scale · w_scale[c])   the combined scale is one fp32 product, rounded once
-    y    = y + bias[c] (fp32), + residual (as fp32), then the epilogue activation (kinds/fused.py), in fp32
+    y    = y + bias[c] (fp32), + residual, then the epilogue activation (kinds/fused.py), in fp32; the residual
+           (QuantConv only) is float, read as fp32, when `res_scale` is None or absent, else of the quantized type
+           and added as fp32(r_q) · fp32(res_scale): one fp32 product, rounded once, then the fp32 add
     out  = y, rounded to `out_dtype` (fp32 unless given: fp16 when its readers are fp16)   when `out_scale` is None
     out  = qtype(y / out_scale)   when the reader reads the quantized type: an fp32 division, then int8:
            clamp(round_half_even(·), -127, 127); fp8: the nearest e4m3 value (ties to even), saturated to ±448
@@ -35,7 +37,8 @@ def requantize(y: torch.Tensor, out_scale: float, qtype: qtypes.QType = qtypes.I
 
 
 def epilogue(acc: torch.Tensor, w_scale: torch.Tensor, bias, residual, channel_axis: int, attrs) -> torch.Tensor:
-    """Accumulators (float64) → the layer's output: scale, bias, residual, activation, optional requantize."""
+    """Accumulators (float64) → the layer's output: scale, bias, residual (dequantized when `res_scale` is
+    given), activation, optional requantize."""
     shape = [1] * acc.dim()
     shape[channel_axis] = -1
     qtype = qtypes.of(attrs)
@@ -44,11 +47,19 @@ def epilogue(acc: torch.Tensor, w_scale: torch.Tensor, bias, residual, channel_a
     if bias is not None:
         y = y + bias.float().reshape(shape)
     if residual is not None:
-        y = y + residual.float()
+        y = y + residual_fp32(residual, attrs.get("res_scale"))
     y = activate(y, attrs["activation"], attrs["activation_params"])
     if attrs.get("out_scale") is not None:
         return requantize(y, attrs["out_scale"], qtype)
     return y.to(float_out(attrs))
+
+
+def residual_fp32(r: torch.Tensor, res_scale: float | None) -> torch.Tensor:
+    """A QuantConv residual as the fp32 value its epilogue adds: a float one as it is, a quantized one (int8 or
+    fp8 e4m3, `res_scale` given) as fp32(r_q) · fp32(res_scale), one fp32 product."""
+    if res_scale is None:
+        return r.float()
+    return r.float() * torch.tensor(res_scale, dtype=torch.float32, device=r.device)
 
 
 def float_out(attrs) -> torch.dtype:
@@ -60,8 +71,9 @@ def float_out(attrs) -> torch.dtype:
 @kind("QuantConv")
 def quant_conv(inputs, attrs):
     """Inputs: X_q [N, C, ...], W_q [M, C/group, ...] (int8, or fp8 e4m3 with qtype fp8e4m3), w_scale fp32 [M],
-    optional bias fp32 [M], optional residual (float, the output's shape). attrs: Conv's, qtype, x_scale,
-    out_scale (None: float out of type out_dtype, fp32 when absent), activation, activation_params."""
+    optional bias fp32 [M], optional residual (the output's shape: float, or of the quantized type when
+    `res_scale` is given). attrs: Conv's, qtype, x_scale, out_scale (None: float out of type out_dtype, fp32 when
+    absent), res_scale (optional), activation, activation_params."""
     x, w, w_scale, b, r = (list(inputs) + [None] * 5)[:5]
     acc = conv_nd(x.double(), w.double(), None, attrs)
     return epilogue(acc, w_scale, b, r, 1, attrs)

@@ -6,11 +6,18 @@
 One rewrite for every quantized type (kinds/qtype.py): with --fp8 the same graph holds float8_e4m3fn tensors and
 weights and the layers carry qtype=fp8e4m3 (int8 layers carry no qtype attribute, as before fp8 existed).
 Quantizable: Conv / FusedConv, and MatMul / Gemm / FusedGemm with a constant 2-D weight, all with fp32 data.
-A layer writes the quantized type (requantizing in its epilogue) only when every reader is a quantized layer
-reading that tensor as its quantized input; otherwise it writes fp32 and each quantized reader gets an explicit
-QuantizeLinear.
-With the model's own Q/DQ (`scales.qdq`), every other reader of a tensor the model quantized reads it
-through an explicit QuantizeLinear → DequantizeLinear pair, so no quantization the model wrote is dropped.
+A layer writes the quantized type (requantizing in its epilogue) only when its output has a scale, is no network
+output, and every reader is a quantized layer reading it as its quantized input or as its residual (TensorRT's
+int8 residual: a QuantConv then adds fp32(r_q)·res_scale, res_scale the tensor's scale, where it added the float
+value); otherwise it writes fp32, each quantized reader gets an explicit QuantizeLinear and residuals read fp32.
+
+    a block output y, read by the next block's first conv and, as its residual R, by that block's last conv:
+    QuantConv ─▶ y: f32 ─▶ QuantizeLinear ─▶ y_q: i8 ─▶ QuantConv(y_q);  QuantConv(·, R=y)  (float R)
+    QuantConv{out_scale=s_y} ─▶ y: i8 ─▶ QuantConv(y);  QuantConv(·, R=y){res_scale=s_y}  (quantized R)
+
+With the model's own Q/DQ (`scales.qdq`), residuals stay float (quantized residuals are for calibrated builds
+only), and every other reader of a tensor the model quantized reads it through an explicit QuantizeLinear →
+DequantizeLinear pair, so no quantization the model wrote is dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from kiln.quant.scheme import QuantScales, quantize_weight
 
 F32 = DType.FLOAT32
 INT32_MAX = 2 ** 31 - 1
+FUSED_RESIDUAL = 3  # FusedConv's residual input (QuantConv's is 4)
 Q_ATTRS = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": DType.INT8, "precision": None}
 DQ_ATTRS = {"axis": 1, "block_size": 0, "output_dtype": F32}
 
@@ -57,6 +65,11 @@ class Int8Result:
     @property
     def quantized(self) -> list[str]:
         return [n for n, r in self.layers.items() if r["precision"] != "float"]
+
+    @property
+    def quantized_residuals(self) -> int:
+        """How many quantized layers read their residual in the quantized type (with res_scale)."""
+        return sum(r.get("residual", "fp32") != "fp32" for r in self.layers.values())
 
 
 def _is_f32(net: Network, name: str) -> bool:
@@ -92,7 +105,7 @@ def candidate(net: Network, layer: Layer) -> Candidate | None:
         if w.dim() < 3 or len(net.tensors[x].shape) != w.dim():
             return None
         bias = _bias(net, extra[0], w.shape[0]) if extra[0] else None
-        residual = extra[1] if layer.kind == "FusedConv" and layer.attrs.get("residual") else None
+        residual = extra[1] if layer.kind == "FusedConv" and layer.attrs.get("residual") else None  # FUSED_RESIDUAL
         attrs = {k: v for k, v in layer.attrs.items() if k not in ("residual", "activation", "activation_params")}
         return None if bias is False else Candidate(layer, True, x, w_name, 0, w[0].numel(), bias, residual,
                                                     attrs | act)
@@ -147,6 +160,12 @@ def _refusal(net: Network, c: Candidate, scales: QuantScales, qtype: QType) -> s
     return None
 
 
+def _reads_quantized(c: Candidate, y: str, residual: bool) -> bool:
+    """`c`'s quantized form can read `y` in the quantized type: only as its input, or (`residual`) its residual."""
+    slots = {0} | ({FUSED_RESIDUAL} if residual and c.residual == y else set())
+    return all(k in slots for k, n in enumerate(c.layer.inputs) if n == y)
+
+
 def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozenset(),
                qtype: QType = INT8) -> Int8Result:
     """Quantize every layer that can be (module docstring) to `qtype`, in place; layers in `keep_float` stay
@@ -168,7 +187,7 @@ def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozens
         y = c.layer.outputs[0]
         readers = consumers.get(y, [])
         if y not in net.outputs and y in scales.activations and readers and all(
-                r.name in chosen and r.inputs[0] == y and y not in r.inputs[1:] for r in readers):
+                r.name in chosen and _reads_quantized(chosen[r.name][0], y, not scales.qdq) for r in readers):
             int8_out.add(name)
     rewrite = _Rewrite(net, scales, qtype)
     for layer in net.layers:
@@ -180,6 +199,9 @@ def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozens
         r = scales.activations[c.x]
         result.layers[layer.name] = {"kind": layer.kind, "precision": qtype.label, "scale_source": r.source,
                                      "x_scale": r.scale, "output": qtype.label if layer.name in int8_out else "fp32"}
+        if c.residual:
+            result.layers[layer.name]["residual"] = qtype.label if net.tensors[c.residual].dtype is qtype.dtype \
+                else "fp32"
     net.layers = rewrite.layers
     eliminate_dead(net, PassContext())
     net.verify()
@@ -251,9 +273,11 @@ class _Rewrite:
             net.add_constant(name, bias.float().contiguous())
             bias = name
         inputs = [xq, wq, ws, bias or ""]
+        attrs = c.attrs | {"x_scale": self.scales.activations[c.x].scale, "out_scale": out_scale}
         if c.residual:
             inputs.append(self.as_written(c.residual) if self.scales.qdq else c.residual)
-        attrs = c.attrs | {"x_scale": self.scales.activations[c.x].scale, "out_scale": out_scale}
+            if net.tensors[c.residual].dtype is qt.dtype:  # its producer, earlier in the walk, writes it quantized
+                attrs["res_scale"] = self.scales.activations[c.residual].scale
         if qt is not INT8:
             attrs["qtype"] = qt.name
         if out_scale is not None:

@@ -7,6 +7,7 @@ fp16 and QuantizeLinear reads fp16, instead of fp32 tensors with casts around th
 
 The second is exact (f16 → f32 is exact, the division stays fp32, the residual is read as fp32). The first and
 third round the float output to fp16 once, as the cast did (first) or as an fp16 tensor of a mixed build would.
+(A residual stays float only where its producer writes float, quant/int8.py: a reader in float, Q/DQ models.)
 Network outputs and tensors with any other reader keep their type.
 """
 

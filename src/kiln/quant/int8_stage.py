@@ -134,7 +134,8 @@ def int8_rewrite(net: Network, scales: QuantScales, where: str, keep_float: set[
     q = qtype.label
     notes.append(f"{q}: {len(result.quantized)} of {len(result.layers)} quantizable layers run {q}; scales from "
                  f"{where}{' (each amax over 448)' if qtype is not INT8 else ''}; "
-                 f"{result.quantize_layers} QuantizeLinear layers inserted")
+                 f"{result.quantize_layers} QuantizeLinear layers inserted"
+                 + (f", {result.quantized_residuals} residuals read as {q}" if result.quantized_residuals else ""))
     if floats:
         shown = "; ".join(f"{n} ({r['reason']})" for n, r in list(floats.items())[:5])
         notes.append(f"{q}: {len(floats)} layers stay float: {shown}{' …' if len(floats) > 5 else ''}")

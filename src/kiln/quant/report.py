@@ -31,7 +31,8 @@ def int8_summary(info: dict) -> dict:
     for name, r in layers.items():
         row = {"layer": name, "kind": r.get("kind"), "precision": r.get("precision")}
         if r.get("precision") != "float":
-            row |= {"scale_source": r.get("scale_source"), "x_scale": r.get("x_scale"), "output": r.get("output")}
+            row |= {"scale_source": r.get("scale_source"), "x_scale": r.get("x_scale"), "output": r.get("output"),
+                    **({"residual": r["residual"]} if "residual" in r else {})}
         else:
             row["reason"] = r.get("reason")
         rows.append(row)

@@ -4,7 +4,7 @@ QuantGemm: the rows of X. A 2-D QuantConv (group 1): X in NHWC order, a 1x1 conv
 (strided) view of it, any other kernel through im2col (a strided window view copied once into [M, kh·kw·C]),
 W reordered to [N, kh·kw·C]. The [M, N] result is read back as NCHW in channels_last memory, so a chain
 of int8 convs stays NHWC with no copies. The combined epilogue scale x_scale·w_scale[n] is one fp32
-product, as the reference rounds it.
+product, as the reference rounds it; so is a quantized residual's fp32(r_q)·res_scale.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ def supports(spec: LayerSpec, want: qtypes.QType | None = None) -> str | None:
     if len(spec.inputs) > 3 and spec.inputs[3] is not None and spec.inputs[3].const is None:
         return "bias is not a build-time constant"
     if spec.kind == "QuantConv":
+        why = residual_reason(spec)
+        if why:
+            return why
         if rank(x) != 4 or not x.static:
             return "only 2-D convolutions with static shapes are lowered to GEMM"
         if spec.attrs.get("group", 1) != 1:
@@ -64,6 +67,21 @@ def supports(spec: LayerSpec, want: qtypes.QType | None = None) -> str | None:
     elif rank(x) in (None, 0):
         return "input rank unknown or scalar"
     return None
+
+
+def has_residual(spec: LayerSpec) -> bool:
+    """The spec is a QuantConv with a residual input."""
+    return spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
+
+
+def residual_reason(spec: LayerSpec) -> str | None:
+    """Why a QuantConv's residual is not of the type its `res_scale` says (kinds/quantized.py), or None."""
+    if not has_residual(spec):
+        return None
+    qt, r = qtype(spec), spec.inputs[4]
+    if spec.attrs.get("res_scale") is not None:
+        return None if r.dtype is qt.dtype else f"res_scale is given but the residual is {r.dtype}, not {qt.label}"
+    return None if r.dtype.is_float and qtypes.of_dtype(r.dtype) is None else f"a {r.dtype} residual needs a res_scale"
 
 
 def fp8_device_reason(device) -> str | None:
@@ -128,14 +146,16 @@ def torch_epilogue(spec: LayerSpec, form: GemmForm) -> Callable[[torch.Tensor, l
     act, params, out_scale = a.get("activation", "none"), a.get("activation_params", []), a["out_scale"]
     qt = qtype(spec)
     out_dtype = float_out(a)
-    has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
+    residual = has_residual(spec)
+    res_scale = None if a.get("res_scale") is None else form.scale.new_tensor(a["res_scale"])  # fp32, made once
 
     def finish(acc: torch.Tensor, inputs: list) -> torch.Tensor:
         y = acc * form.scale
         if form.bias is not None:
             y = y + form.bias
-        if has_residual:
-            y = y + form.res_rows(inputs[4]).float()
+        if residual:
+            r = form.res_rows(inputs[4]).float()
+            y = y + (r if res_scale is None else r * res_scale)
         y = activate(y, act, params)
         return form.back(y.to(out_dtype) if out_scale is None else requantize(y, out_scale, qt), inputs[0])
 

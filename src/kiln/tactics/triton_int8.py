@@ -1,5 +1,6 @@
-"""QuantGemm and QuantConv through the Triton quantized GEMM (kernels/int8_gemm.py): scales, bias, residual,
-activation and requantization fused into the GEMM's epilogue; tile configs pruned by shared memory.
+"""QuantGemm and QuantConv through the Triton quantized GEMM (kernels/int8_gemm.py): scales, bias, residual (float,
+or quantized with res_scale), activation and requantization fused into the GEMM's epilogue; tile configs pruned by
+shared memory.
 
 One kernel, two tactics: triton_int8_gemm for int8 layers, triton_fp8_gemm for fp8 e4m3 layers (compute
 capability 8.9 and later; architecture-specific, so --hardware-compat portable builds leave it out)."""
@@ -34,17 +35,17 @@ def _configs(spec: LayerSpec, device, level: int):
 def _compile(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     w = form.w.t()  # (K, N) view of the [N, K] weight
-    scale, bias, out_scale = form.scale, form.bias, spec.attrs["out_scale"]
+    scale, bias, out_scale, res_scale = form.scale, form.bias, spec.attrs["out_scale"], spec.attrs.get("res_scale")
     act, act_alpha, act_beta = _epilogue(spec.attrs)
     out_dtype = float_out(spec.attrs)
-    has_residual = spec.kind == "QuantConv" and len(spec.inputs) > 4 and spec.inputs[4] is not None
+    has_residual = int8_lowering.has_residual(spec)
 
     def run(inputs, out=None):
         x = inputs[0]
         res = form.res_rows(inputs[4]) if has_residual else None
-        y = int8_gemm.matmul(form.rows(x), w, scale, bias, res, out_scale=out_scale, activation=act,
-                             act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=config,
-                             out=first(out))
+        y = int8_gemm.matmul(form.rows(x), w, scale, bias, res, out_scale=out_scale, res_scale=res_scale,
+                             activation=act, act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype,
+                             config=config, out=first(out))
         return [form.back(y, x)]
 
     return run

@@ -1,5 +1,6 @@
 """QuantConv (2-D, group 1) through the Triton quantized implicit-GEMM conv (kernels/int8_conv.py): no im2col copy,
-scales, bias, residual, activation and requantization fused; reads any layout, writes NHWC (timed as NHWC).
+scales, bias, residual (float, or quantized with res_scale), activation and requantization fused; reads any layout,
+writes NHWC (timed as NHWC).
 triton_int8_conv runs int8 layers, triton_fp8_conv fp8 e4m3 ones (compute capability 8.9 and later)."""
 
 from __future__ import annotations
@@ -43,15 +44,15 @@ def _compile(spec: LayerSpec, config, device):
     pt, pl, pb, pr = resolve_pads(tuple(x_shape[2:]), a)
     kernel, strides, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["strides"]), tuple(a["dilations"])
     act, act_alpha, act_beta = _epilogue(a)
-    out_scale, out_dtype = a["out_scale"], float_out(a)
-    has_residual = len(spec.inputs) > 4 and spec.inputs[4] is not None
+    out_scale, res_scale, out_dtype = a["out_scale"], a.get("res_scale"), float_out(a)
+    has_residual = int8_lowering.has_residual(spec)
     tiles = {k: config[k] for k in int8_conv.CONFIG_KEYS}
 
     def run(inputs, out=None):
         return [int8_conv.conv2d(inputs[0], w, form.scale, kernel, strides, [pt, pl, pb, pr], dilations, form.bias,
-                                 inputs[4] if has_residual else None, out_scale=out_scale, activation=act,
-                                 act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype, config=tiles,
-                                 out=first(out))]
+                                 inputs[4] if has_residual else None, out_scale=out_scale, res_scale=res_scale,
+                                 activation=act, act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype,
+                                 config=tiles, out=first(out))]
 
     return run
 
