@@ -28,7 +28,7 @@ F8 = torch.float8_e4m3fn
 CPU = Device("cpu", "cpu", "cpu")
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 SMALL_CONV = {"layout": "nhwc", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
-GEMM_TACTICS = ["torch_scaled_mm", "triton_fp8_gemm"]
+GEMM_TACTICS = ["torch_scaled_mm", "triton_fp8_gemm", "triton_fp8_gemm_tma"]
 CONV_TACTICS = GEMM_TACTICS + ["triton_fp8_conv"]
 EPI = {"activation": "none", "activation_params": [], "qtype": "fp8e4m3"}
 
@@ -277,25 +277,25 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kiln.kernels import int8_conv, int8_gemm, quantize
+from kiln.kernels import int8_conv, int8_gemm, int8_gemm_tma, quantize
 
 def build(fn, sig, consts, cc):
     sig = dict(sig) | {k: "constexpr" for k in consts}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32))
 
 f8, cc = "*fp8e4nv", int(sys.argv[1])
-gemm = dict(zip("a w scale bias res c M N K out_scale res_scale act_alpha act_beta".split(),
+gemm = dict(zip("a w scale bias res c M N K out_inv res_scale act_alpha act_beta".split(),
                 [f8, f8, "*fp32", "*fp32", "*fp16", f8, "i32", "i32", "i32", "fp32", "fp32", "fp32", "fp32"]))
 gemm |= {k: "i32" for k in "s_am s_ak s_wk s_wn s_rm s_rn s_cm s_cn".split()}
 k = build(int8_gemm._int8_gemm_kernel, gemm, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": False, "REQUANT": True,
-          "ACT": "relu", "FP8": True, "EXACT_DIV": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
+          "ACT": "relu", "FP8": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
           "GROUP_M": 8}, cc)
 assert "cvt.rn.satfinite.e4m3x2" in k.asm["ptx"] and ("wgmma" in k.asm["ptx"]) == (cc >= 90)
 conv = dict(zip("x w scale bias res y".split(), [f8, f8, "*fp32", "*fp32", "*fp16", "*fp16"]))
 conv |= {k: "i32" for k in "N H W C OH OW CO KW sh sw ph pw dh dw NUM_K".split()}
-conv |= {k: "fp32" for k in "out_scale res_scale act_alpha act_beta".split()} | {"s_wk": "i32", "s_wn": "i32"}
+conv |= {k: "fp32" for k in "out_inv res_scale act_alpha act_beta".split()} | {"s_wk": "i32", "s_wn": "i32"}
 conv |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_rn s_rc s_rh s_rw s_yn s_yc s_yh s_yw".split()}
-tiles = {"EXACT_DIV": True, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
+tiles = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
 build(int8_conv._int8_conv_kernel, conv | {"res": f8}, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
       "REQUANT": False, "ACT": "none", "FP8": True} | tiles, cc)
 i8 = {"x": "*i8", "w": "*i8", "res": "*i8", "y": "*i8"}  # int8, reading an int8 residual (res_scale) and requantizing
@@ -303,6 +303,14 @@ build(int8_conv._int8_conv_kernel, conv | i8, {"HAS_BIAS": True, "HAS_RES": True
       "ACT": "relu", "FP8": False} | tiles, cc)
 build(quantize._quantize_kernel, {"x": "*fp16", "q": f8, "n": "i32", "scale": "fp32"},
       {"FP8": True, "EXACT_DIV": True, "BLOCK": 1024}, cc)
+if cc >= 90:  # the TMA-fed GEMM: int8 with an int8 residual, requantized
+    tma = {"a_desc": "tensordesc<i8[128,64]>", "w_desc": "tensordesc<i8[128,64]>", "c_desc": "tensordesc<i8[128,128]>",
+           "r_desc": "tensordesc<i8[128,128]>", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
+    tma |= {k: "fp32" for k in "out_inv res_scale act_alpha act_beta".split()}
+    k = build(int8_gemm_tma._tma_gemm_kernel, tma, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
+              "REQUANT": True, "ACT": "relu", "FP8": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
+              "GROUP_M": 8}, cc)
+    assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor" in k.asm["ptx"]
 print("compiled")
 '''
 

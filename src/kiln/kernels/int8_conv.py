@@ -17,10 +17,11 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import conv
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, output_pixels, pow2
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, output_pixels, pow2
 from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, check_residual, load_operand, \
     requant, residual_tile
 from kiln.kernels.out_buffer import take
+from kiln.kinds.quantized import inv_scale
 
 CONFIG_KEYS = conv.CONFIG_KEYS
 _SPACE_8BIT = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
@@ -29,10 +30,10 @@ _SPACE_8BIT = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3), 
 
 @triton.jit
 def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh, sw, ph, pw, dh, dw, NUM_K,
-                      out_scale, res_scale, act_alpha, act_beta, s_wk, s_wn, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc,
+                      out_inv, res_scale, act_alpha, act_beta, s_wk, s_wn, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc,
                       s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                       RES_Q: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr,
-                      EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n, oh, ow, m_ok = output_pixels(N, OH, OW, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -68,7 +69,7 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
     v = activate(v, ACT, act_alpha, act_beta)
     out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc
     if REQUANT:
-        tl.store(out, requant(v, out_scale, FP8, EXACT_DIV).to(y.dtype.element_ty), mask=inside)
+        tl.store(out, requant(v, out_inv, FP8).to(y.dtype.element_ty), mask=inside)
     else:
         tl.store(out, v.to(y.dtype.element_ty), mask=inside)
 
@@ -121,10 +122,10 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_M"]), triton.cdiv(co, cfg["BLOCK_N"]))
     num_k = kh * kw * triton.cdiv(c, cfg["BLOCK_K"])
     _int8_conv_kernel[grid](x, w_packed, scale, bias if bias is not None else scale, r, y, n, h, wd, c, oh, ow, co,
-                            kw, sh, sw, pads[0], pads[1], dh, dw, num_k, float(out_scale or 1.0),
+                            kw, sh, sw, pads[0], pads[1], dh, dw, num_k, inv_scale(out_scale) if out_scale is not None else 1.0,
                             float(res_scale or 1.0), float(act_alpha), float(act_beta), *w_packed.stride(),
                             *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                             RES_Q=res_scale is not None, REQUANT=out_scale is not None, ACT=activation,
-                            FP8=x.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
-                            **{key: cfg[key] for key in CONFIG_KEYS})
+                            FP8=x.dtype == torch.float8_e4m3fn,
+                            enable_fp_fusion=False, **{key: cfg[key] for key in CONFIG_KEYS})
     return y

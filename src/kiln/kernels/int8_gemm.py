@@ -3,13 +3,13 @@
     acc = A_q @ W_q (int8: int32, exact; fp8: fp32, tl.dot on fp8 operands)
     y = fp32(acc) · (x_scale · w_scale[n]) + bias[n] + residual[m, n];  y = act(y)
         (a residual of the operands' type, `res_scale` given, is added as fp32(r_q) · res_scale)
-    out = y (fp32 or fp16), or requantized: int8(clamp(round_half_even(y / out_scale), -127, 127)), or for fp8
-    the nearest e4m3 value of y / out_scale (ties to even), saturated to ±448
+    out = y (fp32 or fp16), or requantized: int8(clamp(round_half_even(y · inv), -127, 127)), or for fp8 the
+    nearest e4m3 value of y · inv (ties to even), saturated to ±448; inv = kinds.quantized.inv_scale(out_scale)
 
 A is (M, K), W is (K, N), both int8 or both float8_e4m3fn (any strides: a [N, K] weight is passed as its
 transpose view). Rounding half to even uses the fp32 add/subtract of 1.5·2²³ (exact for |v| ≤ 2²²); fp8 rounds
-in fp32 arithmetic at the value's e4m3 step, so the store converts an exact value (round_e4m3). The division is
-IEEE (div_rn) on the GPU. fp8 products are promoted into the fp32 accumulator every 32 (Hopper's fp8 MMA alone
+in fp32 arithmetic at the value's e4m3 step, so the store converts an exact value (round_e4m3). Kernels compile
+without fp contraction (enable_fp_fusion=False): each product and sum rounds as the reference's does. fp8 products are promoted into the fp32 accumulator every 32 (Hopper's fp8 MMA alone
 keeps fewer bits), as cuBLAS does without fast accumulation. Configs are the fp GEMM's tiles at 1-byte itemsize,
 BLOCK_K ≥ 32 (int8 and fp8 MMA depth).
 """
@@ -21,20 +21,14 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import gemm
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, INTERPRET, activate, grouped_tile
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, grouped_tile
 from kiln.kernels.out_buffer import take
+from kiln.kinds.quantized import inv_scale
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
 MIN_BLOCK_K = 32
 FP8_PROMOTE = tl.constexpr(32)  # fp8 products summed in the MMA unit before they join the fp32 accumulator
 QUANTIZED_OPERANDS = (torch.int8, torch.float8_e4m3fn)
-
-
-@triton.jit
-def _div(y, s, EXACT: tl.constexpr):
-    if EXACT:
-        return tl.math.div_rn(y, s)
-    return y / s
 
 
 @triton.jit
@@ -59,9 +53,10 @@ def load_operand(ptrs, mask, FP8: tl.constexpr):
 
 
 @triton.jit
-def requant(v, out_scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr):
-    """An fp32 epilogue value → its quantized value (as fp32, exact in the target type): int8 or fp8 e4m3."""
-    q = _div(v, out_scale, EXACT_DIV)
+def requant(v, out_inv, FP8: tl.constexpr):
+    """An fp32 epilogue value → its quantized value (as fp32, exact in the target type): int8 or fp8 e4m3;
+    out_inv = inv_scale(out_scale)."""
+    q = v * out_inv
     if FP8:
         q = round_e4m3(q)
     else:
@@ -80,10 +75,10 @@ def residual_tile(ptrs, mask, res_scale, RES_Q: tl.constexpr, FP8: tl.constexpr)
 
 
 @triton.jit
-def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, res_scale, act_alpha, act_beta,
+def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_inv, res_scale, act_alpha, act_beta,
                       s_am, s_ak, s_wk, s_wn, s_rm, s_rn, s_cm, s_cn,
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr, REQUANT: tl.constexpr,
-                      ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr,
+                      ACT: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -115,7 +110,7 @@ def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_scale, res_scale, 
         v += residual_tile(res + rm[:, None] * s_rm + rn[None, :] * s_rn, inside, res_scale, RES_Q, FP8)
     v = activate(v, ACT, act_alpha, act_beta)
     if REQUANT:
-        q = requant(v, out_scale, FP8, EXACT_DIV)
+        q = requant(v, out_inv, FP8)
         tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, q.to(c.dtype.element_ty), mask=inside)
     else:
         tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, v, mask=inside)
@@ -159,10 +154,10 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     r = residual if residual is not None else c
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _int8_gemm_kernel[grid](a, w, scale, bias if bias is not None else scale, r, c, m, n, k,
-                            float(out_scale or 1.0), float(res_scale or 1.0), float(act_alpha), float(act_beta),
+                            inv_scale(out_scale) if out_scale is not None else 1.0, float(res_scale or 1.0), float(act_alpha), float(act_beta),
                             a.stride(0), a.stride(1), w.stride(0), w.stride(1), r.stride(0), r.stride(1),
                             c.stride(0), c.stride(1), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                             RES_Q=res_scale is not None, REQUANT=out_scale is not None, ACT=activation,
-                            FP8=a.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
-                            **{key: cfg[key] for key in gemm.CONFIG_KEYS})
+                            FP8=a.dtype == torch.float8_e4m3fn,
+                            enable_fp_fusion=False, **{key: cfg[key] for key in gemm.CONFIG_KEYS})
     return c

@@ -2,8 +2,8 @@
 by bulk asynchronous copies (out-of-range rows and columns read as zeros), the quantized epilogue of
 kernels/int8_gemm.py runs on the accumulator, and the output tile leaves by a TMA store (clipped at the edges).
 
-Needs compute capability 9.0, dense row-major operands and rows of a multiple of 16 bytes; `usable` says
-whether a call qualifies. Same arithmetic as kernels/int8_gemm.py, so the two are interchangeable tactics.
+TMA needs compute capability 9.0 (the tactic checks), row-major operands and rows and bases on 16-byte
+boundaries; a call whose tensors are not so runs kernels/int8_gemm.py with the same tile. Same arithmetic.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, INTERPRET, activate, grouped_tile
+from kiln.kernels.common import ACTIVATIONS, activate, grouped_tile
 from kiln.kernels.gemm import CONFIG_KEYS
+from kiln.kernels import int8_gemm
 from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, requant
 from kiln.kernels.out_buffer import take
+from kiln.kinds.quantized import inv_scale
 
 try:  # triton ≥ 3.3
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -30,9 +32,9 @@ _SPACE = [(128, 256, 128, 8, 8, 3), (128, 128, 128, 8, 8, 4), (128, 256, 64, 8, 
 
 
 @triton.jit
-def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_scale, res_scale, act_alpha,
+def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_inv, res_scale, act_alpha,
                      act_beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr,
-                     REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_M: tl.constexpr,
+                     REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     off_m = pid_m * BLOCK_M
@@ -59,24 +61,14 @@ def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_s
         v += r
     v = activate(v, ACT, act_alpha, act_beta)
     if REQUANT:
-        v = requant(v, out_scale, FP8, EXACT_DIV)
+        v = requant(v, out_inv, FP8)
     c_desc.store([off_m, off_n], v.to(c_desc.dtype))
 
 
-def _dense(t: torch.Tensor) -> bool:
-    return t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0 \
-        and t.data_ptr() % TMA_ALIGN == 0
-
-
-def usable(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None) -> str | None:
-    """Why a TMA GEMM cannot run a [M, K] @ w [N, K]ᵀ on its device as laid out, or None."""
-    if TensorDescriptor is None:
-        return "this triton has no tensor descriptors"
-    if not a.is_cuda or torch.cuda.get_device_capability(a.device) < (9, 0):
-        return "TMA needs compute capability 9.0"
-    if not (_dense(a) and _dense(w)) or (residual is not None and not _dense(residual)):
-        return "operands must be row-major with rows of a multiple of 16 bytes"
-    return None
+def _dense(t: torch.Tensor | None) -> bool:
+    """Whether TMA can address `t`: row-major 2-D, rows and base on 16-byte boundaries."""
+    return t is None or (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
+                         and t.data_ptr() % TMA_ALIGN == 0)
 
 
 def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
@@ -103,7 +95,13 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     if a.dtype not in QUANTIZED_OPERANDS or w.dtype != a.dtype:
         raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {a.dtype} and {w.dtype}")
     (m, k), n = a.shape, w.shape[0]
-    c = take(out, (m, n), a.dtype if out_scale is not None else out_dtype, a.device)
+    dtype = a.dtype if out_scale is not None else out_dtype
+    if not (_dense(a) and _dense(w) and _dense(residual)) or (n * dtype.itemsize) % TMA_ALIGN or (
+            out is not None and out.data_ptr() % TMA_ALIGN):
+        return int8_gemm.matmul(a, w.t(), scale, bias, residual, out_scale=out_scale, res_scale=res_scale,
+                                activation=activation, act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype,
+                                config=config, out=out)
+    c = take(out, (m, n), dtype, a.device)
     if m == 0 or n == 0:
         return c
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
@@ -111,10 +109,10 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _tma_gemm_kernel[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
                            TensorDescriptor.from_tensor(c, [bm, bn]), TensorDescriptor.from_tensor(r, [bm, bn]),
-                           scale, bias if bias is not None else scale, m, n, k, float(out_scale or 1.0),
+                           scale, bias if bias is not None else scale, m, n, k, inv_scale(out_scale) if out_scale is not None else 1.0,
                            float(res_scale or 1.0), float(act_alpha), float(act_beta), HAS_BIAS=bias is not None,
                            HAS_RES=residual is not None, RES_Q=res_scale is not None, REQUANT=out_scale is not None,
-                           ACT=activation, FP8=a.dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                           ACT=activation, FP8=a.dtype == torch.float8_e4m3fn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
-                           num_stages=config["num_stages"])
+                           num_stages=config["num_stages"], enable_fp_fusion=False)
     return c

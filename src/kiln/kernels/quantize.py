@@ -13,10 +13,18 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import INTERPRET
-from kiln.kernels.int8_gemm import _div, round_e4m3
+from kiln.kernels.int8_gemm import round_e4m3
 from kiln.kernels.out_buffer import take
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³ (kernels/int8_gemm.py)
+@triton.jit
+def _div(y, s, EXACT: tl.constexpr):
+    """y / s: IEEE (div_rn) on the GPU, plain under the interpreter (which has no div_rn)."""
+    if EXACT:
+        return tl.math.div_rn(y, s)
+    return y / s
+
+
 CONFIGS = [{"BLOCK": 2048, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8}, {"BLOCK": 1024, "num_warps": 4}]
 
 
