@@ -24,7 +24,7 @@ from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
 
 CPU = Device("cpu", "cpu", "cpu")
 SMALL = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
-TACTICS = ["torch_int_mm", "triton_int8_gemm"]
+TACTICS = ["torch_int_mm", "triton_int8_gemm", "triton_int8_gemm_tma"]
 CONV_TACTICS = TACTICS + ["triton_int8_conv"]  # the implicit-GEMM conv runs QuantConv only
 EPI = {"activation": "none", "activation_params": []}
 
