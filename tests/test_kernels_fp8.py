@@ -292,15 +292,17 @@ k = build(int8_gemm._int8_gemm_kernel, gemm, {"HAS_BIAS": True, "HAS_RES": True,
           "GROUP_M": 8}, cc)
 assert "cvt.rn.satfinite.e4m3x2" in k.asm["ptx"] and ("wgmma" in k.asm["ptx"]) == (cc >= 90)
 conv = dict(zip("x w scale bias res y".split(), [f8, f8, "*fp32", "*fp32", "*fp16", "*fp16"]))
-conv |= {k: "i32" for k in "N H W C OH OW CO KW sh sw ph pw dh dw NUM_K".split()}
+conv |= {k: "i32" for k in "N H W C OH OW CO KW sh sw ph pw dh dw NUM_K KTOT".split()}
 conv |= {k: "fp32" for k in "out_inv res_scale act_alpha act_beta".split()} | {"s_wk": "i32", "s_wn": "i32"}
 conv |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_rn s_rc s_rh s_rw s_yn s_yc s_yh s_yw".split()}
-tiles = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
+tiles = {"FLAT_K": False, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
 build(int8_conv._int8_conv_kernel, conv | {"res": f8}, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
       "REQUANT": False, "ACT": "none", "FP8": True} | tiles, cc)
 i8 = {"x": "*i8", "w": "*i8", "res": "*i8", "y": "*i8"}  # int8, reading an int8 residual (res_scale) and requantizing
 build(int8_conv._int8_conv_kernel, conv | i8, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True, "REQUANT": True,
       "ACT": "relu", "FP8": False} | tiles, cc)
+build(int8_conv._int8_conv_kernel, conv | i8, {"HAS_BIAS": True, "HAS_RES": False, "RES_Q": False, "REQUANT": True,
+      "ACT": "relu", "FP8": False} | tiles | {"FLAT_K": True}, cc)  # a stem conv: taps and channels in one block
 build(quantize._quantize_kernel, {"x": "*fp16", "q": f8, "n": "i32", "scale": "fp32"},
       {"FP8": True, "EXACT_DIV": True, "BLOCK": 1024}, cc)
 if cc >= 90:  # the TMA-fed GEMM: int8 with an int8 residual, requantized

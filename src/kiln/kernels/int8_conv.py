@@ -29,11 +29,11 @@ _SPACE_8BIT = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3), 
 
 
 @triton.jit
-def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh, sw, ph, pw, dh, dw, NUM_K,
+def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh, sw, ph, pw, dh, dw, NUM_K, KTOT,
                       out_inv, res_scale, act_alpha, act_beta, s_wk, s_wn, s_xn, s_xc, s_xh, s_xw, s_rn, s_rc,
                       s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                       RES_Q: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      FLAT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n, oh, ow, m_ok = output_pixels(N, OH, OW, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -44,17 +44,27 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for kb in range(0, NUM_K):
-        tap = kb // c_blocks
-        c = (kb % c_blocks) * BLOCK_K + rk
-        kh = tap // KW
-        kw = tap % KW
-        ih = oh * sh - ph + kh * dh
-        iw = ow * sw - pw + kw * dw
-        row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        a = load_operand(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + c[None, :] * s_xc,
-                         row_ok[:, None] & (c[None, :] < C), FP8)
-        b = load_operand(w + (tap * C + c)[:, None] * s_wk + rn[None, :] * s_wn, (c[:, None] < C) & n_ok[None, :],
-                         FP8)
+        if FLAT_K:  # few channels (a stem conv): the block runs over taps and channels at once, k = tap·C + c
+            k = kb * BLOCK_K + rk
+            tap = k // C
+            c = k % C
+            ih = oh[:, None] * sh - ph + (tap // KW)[None, :] * dh
+            iw = ow[:, None] * sw - pw + (tap % KW)[None, :] * dw
+            a_ok = m_ok[:, None] & (k < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (
+                iw < W)
+            a = load_operand(x + n[:, None] * s_xn + ih * s_xh + iw * s_xw + c[None, :] * s_xc, a_ok, FP8)
+            b = load_operand(w + k[:, None] * s_wk + rn[None, :] * s_wn, (k < KTOT)[:, None] & n_ok[None, :],
+                             FP8)
+        else:
+            tap = kb // c_blocks
+            c = (kb % c_blocks) * BLOCK_K + rk
+            ih = oh * sh - ph + (tap // KW) * dh
+            iw = ow * sw - pw + (tap % KW) * dw
+            row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = load_operand(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + c[None, :] * s_xc,
+                             row_ok[:, None] & (c[None, :] < C), FP8)
+            b = load_operand(w + (tap * C + c)[:, None] * s_wk + rn[None, :] * s_wn,
+                             (c[:, None] < C) & n_ok[None, :], FP8)
         if FP8:
             acc = tl.dot(a, b, acc, out_dtype=tl.float32, max_num_imprecise_acc=FP8_PROMOTE)
         else:
@@ -120,12 +130,14 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     cfg = config or configs(n * oh * ow, co, c, DEFAULT_SMEM, 1)[0]
     r = residual if residual is not None else y
     grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_M"]), triton.cdiv(co, cfg["BLOCK_N"]))
-    num_k = kh * kw * triton.cdiv(c, cfg["BLOCK_K"])
+    flat = c < cfg["BLOCK_K"]  # channel blocks would be mostly padding: reduce over (tap, channel) at once
+    num_k = triton.cdiv(kh * kw * c, cfg["BLOCK_K"]) if flat else kh * kw * triton.cdiv(c, cfg["BLOCK_K"])
     _int8_conv_kernel[grid](x, w_packed, scale, bias if bias is not None else scale, r, y, n, h, wd, c, oh, ow, co,
-                            kw, sh, sw, pads[0], pads[1], dh, dw, num_k, inv_scale(out_scale) if out_scale is not None else 1.0,
+                            kw, sh, sw, pads[0], pads[1], dh, dw, num_k, kh * kw * c,
+                            inv_scale(out_scale) if out_scale is not None else 1.0,
                             float(res_scale or 1.0), float(act_alpha), float(act_beta), *w_packed.stride(),
                             *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                             RES_Q=res_scale is not None, REQUANT=out_scale is not None, ACT=activation,
-                            FP8=x.dtype == torch.float8_e4m3fn,
+                            FP8=x.dtype == torch.float8_e4m3fn, FLAT_K=flat,
                             enable_fp_fusion=False, **{key: cfg[key] for key in CONFIG_KEYS})
     return y
