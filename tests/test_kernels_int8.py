@@ -270,3 +270,18 @@ def test_gpu_int8_conv_resnet_shape():
     t = registry.get("triton_int8_conv")
     for cfg in t.configs(spec, dev, 3):
         assert _close([t.compile(spec, cfg, dev)(inputs)[0]], [want], False, True) is None
+
+
+@pytest.mark.parametrize("tactic", ["triton_int8_gemm", "triton_int8_gemm_tma"])
+def test_conv_gemm_configs_are_timed_on_nhwc_input(tactic):
+    """A conv lowered to GEMM reads NHWC rows in place, so its configs say so (the autotuner then feeds it
+    channels_last input); a QuantGemm's do not."""
+    g = torch.Generator().manual_seed(3)
+    inputs, _ = _conv_case(g, 2, 32, 6, 16, 1)
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4,
+             "strides": [1, 1], "x_scale": 0.1, "out_scale": 0.5} | EPI
+    conv, _, _ = _spec("QuantConv", attrs, inputs)
+    gemm, _, _ = _spec("QuantGemm", {"x_scale": 0.02, "out_scale": None} | EPI, _gemm_case(g, (8,), 32, 16))
+    t = registry.get(tactic)
+    assert {c["layout"] for c in t.configs(conv, CPU, 2)} == {"nhwc"}
+    assert all("layout" not in c for c in t.configs(gemm, CPU, 2))

@@ -27,9 +27,15 @@ def _m(spec: LayerSpec) -> int | None:
     return out[0] * out[2] * out[3] if out and all(isinstance(d, int) for d in out) else None
 
 
+def nhwc(spec: LayerSpec, configs: list[dict]) -> list[dict]:
+    """A conv's GEMM configs marked NHWC: its rows are a view of channels_last input (no im2col copy for a
+    1x1), so the autotuner times it on the input its NHWC neighbours write."""
+    return [{"layout": "nhwc", **c} for c in configs] if spec.kind == "QuantConv" else configs
+
+
 def _configs(spec: LayerSpec, device, level: int):
     w = spec.inputs[1].const
-    return int8_gemm.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device), level)
+    return nhwc(spec, int8_gemm.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device), level))
 
 
 def _compile(spec: LayerSpec, config, device):

@@ -15,7 +15,7 @@ from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_gemm import _epilogue
-from kiln.tactics.triton_int8 import _m
+from kiln.tactics.triton_int8 import _m, nhwc
 
 TMA_MIN_CC = (9, 0)
 
@@ -39,7 +39,7 @@ def _supports_fp8(spec: LayerSpec, device) -> str | None:
 
 def _configs(spec: LayerSpec, device, level: int):
     w = spec.inputs[1].const
-    return int8_gemm_tma.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device))
+    return nhwc(spec, int8_gemm_tma.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device)))
 
 
 def _compile(spec: LayerSpec, config, device):
