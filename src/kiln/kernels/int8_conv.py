@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import conv
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, output_pixels, pow2
-from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, check_residual, load_operand, \
-    requant, residual_tile
+from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, output_pixels, pow2
+from kiln.kernels.int8_gemm import FP8_PROMOTE, MIN_BLOCK_K, QUANTIZED_OPERANDS, check_residual, epilogue, \
+    load_operand, residual_tile
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -50,8 +50,7 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
             c = k % C
             ih = oh[:, None] * sh - ph + (tap // KW)[None, :] * dh
             iw = ow[:, None] * sw - pw + (tap % KW)[None, :] * dw
-            a_ok = m_ok[:, None] & (k < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (
-                iw < W)
+            a_ok = m_ok[:, None] & (k < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a = load_operand(x + n[:, None] * s_xn + ih * s_xh + iw * s_xw + c[None, :] * s_xc, a_ok, FP8)
             b = load_operand(w + k[:, None] * s_wk + rn[None, :] * s_wn, (k < KTOT)[:, None] & n_ok[None, :],
                              FP8)
@@ -70,18 +69,13 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
         else:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     inside = m_ok[:, None] & n_ok[None, :]
-    v = acc.to(tl.float32) * tl.load(scale + rn, mask=n_ok, other=0.0)[None, :]
-    if HAS_BIAS:
-        v += tl.load(bias + rn, mask=n_ok, other=0.0)[None, :]
+    r = 0.0
     if HAS_RES:
-        r = res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rn[None, :] * s_rc
-        v += residual_tile(r, inside, res_scale, RES_Q, FP8)
-    v = activate(v, ACT, act_alpha, act_beta)
-    out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc
-    if REQUANT:
-        tl.store(out, requant(v, out_inv, FP8).to(y.dtype.element_ty), mask=inside)
-    else:
-        tl.store(out, v.to(y.dtype.element_ty), mask=inside)
+        r = residual_tile(res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rn[None, :] * s_rc, inside, res_scale,
+                          RES_Q, FP8)
+    v = epilogue(acc, scale, bias, rn, n_ok, r, act_alpha, act_beta, out_inv, HAS_BIAS, HAS_RES, ACT, REQUANT, FP8)
+    tl.store(y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc, v.to(y.dtype.element_ty),
+             mask=inside)
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:

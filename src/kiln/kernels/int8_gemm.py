@@ -66,6 +66,22 @@ def requant(v, out_inv, FP8: tl.constexpr):
 
 
 @triton.jit
+def epilogue(acc, scale, bias, rn, n_ok, r, act_alpha, act_beta, out_inv, HAS_BIAS: tl.constexpr,
+             HAS_RES: tl.constexpr, ACT: tl.constexpr, REQUANT: tl.constexpr, FP8: tl.constexpr):
+    """The quantized epilogue every int8 / fp8 kernel shares: fp32(acc)·scale[n] + bias[n] + r (the residual
+    tile as fp32, when HAS_RES), the activation, then requantization (REQUANT) — the values to store."""
+    v = acc.to(tl.float32) * tl.load(scale + rn, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        v += tl.load(bias + rn, mask=n_ok, other=0.0)[None, :]
+    if HAS_RES:
+        v += r
+    v = activate(v, ACT, act_alpha, act_beta)
+    if REQUANT:
+        v = requant(v, out_inv, FP8)
+    return v
+
+
+@triton.jit
 def residual_tile(ptrs, mask, res_scale, RES_Q: tl.constexpr, FP8: tl.constexpr):
     """A residual tile as the fp32 value the epilogue adds: a float one as is, a quantized one (RES_Q, of the
     operands' type) times res_scale (one fp32 product)."""
@@ -102,18 +118,11 @@ def _int8_gemm_kernel(a, w, scale, bias, res, c, M, N, K, out_inv, res_scale, ac
         w_ptrs += BLOCK_K * s_wk
 
     inside = (rm < M)[:, None] & (rn < N)[None, :]
-    s = tl.load(scale + rn, mask=rn < N, other=0.0)
-    v = acc.to(tl.float32) * s[None, :]
-    if HAS_BIAS:
-        v += tl.load(bias + rn, mask=rn < N, other=0.0)[None, :]
+    r = 0.0
     if HAS_RES:
-        v += residual_tile(res + rm[:, None] * s_rm + rn[None, :] * s_rn, inside, res_scale, RES_Q, FP8)
-    v = activate(v, ACT, act_alpha, act_beta)
-    if REQUANT:
-        q = requant(v, out_inv, FP8)
-        tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, q.to(c.dtype.element_ty), mask=inside)
-    else:
-        tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, v, mask=inside)
+        r = residual_tile(res + rm[:, None] * s_rm + rn[None, :] * s_rn, inside, res_scale, RES_Q, FP8)
+    v = epilogue(acc, scale, bias, rn, rn < N, r, act_alpha, act_beta, out_inv, HAS_BIAS, HAS_RES, ACT, REQUANT, FP8)
+    tl.store(c + rm[:, None] * s_cm + rn[None, :] * s_cn, v.to(c.dtype.element_ty), mask=inside)
 
 
 def check_residual(residual: torch.Tensor | None, res_scale: float | None, qdtype: torch.dtype) -> None:

@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, activate, grouped_tile
+from kiln.kernels.common import ACTIVATIONS, grouped_tile
 from kiln.kernels.gemm import CONFIG_KEYS
 from kiln.kernels import int8_gemm
-from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, requant
+from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, epilogue
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -51,17 +51,12 @@ def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_i
         else:
             acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
     rn = off_n + tl.arange(0, BLOCK_N)
-    v = acc.to(tl.float32) * tl.load(scale + rn, mask=rn < N, other=0.0)[None, :]
-    if HAS_BIAS:
-        v += tl.load(bias + rn, mask=rn < N, other=0.0)[None, :]
+    r = 0.0
     if HAS_RES:
         r = r_desc.load([off_m, off_n]).to(tl.float32)
         if RES_Q:
             r = r * res_scale
-        v += r
-    v = activate(v, ACT, act_alpha, act_beta)
-    if REQUANT:
-        v = requant(v, out_inv, FP8)
+    v = epilogue(acc, scale, bias, rn, rn < N, r, act_alpha, act_beta, out_inv, HAS_BIAS, HAS_RES, ACT, REQUANT, FP8)
     c_desc.store([off_m, off_n], v.to(c_desc.dtype))
 
 
