@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from kiln.bench.timer import measure  # noqa: E402
-from kiln.kernels import int8_conv, int8_gemm, int8_gemm_tma  # noqa: E402
+from kiln.kernels import int8_conv, int8_conv_tma, int8_gemm, int8_gemm_tma  # noqa: E402
 
 # (label, M, K, N, conv spatial size or None)
 SHAPES = [("r50 l1 1x1 64->256", 64 * 56 * 56, 64, 256, 56), ("r50 l1 1x1 256->64", 64 * 56 * 56, 256, 64, 56),
@@ -59,13 +59,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="int8-tma-probe.json")
     ap.add_argument("--fast-div", action="store_true", help="requantize with the approximate division (timing only)")
+    ap.add_argument("--convs-only", action="store_true", help="only the 3x3 convs")
     args = ap.parse_args()
     if args.fast_div:
         for mod in (int8_conv, int8_gemm, int8_gemm_tma):
             mod.INTERPRET = True  # the kernels take EXACT_DIV=not INTERPRET
     rows = []
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    for label, m, k, n, hw in SHAPES:
+    for label, m, k, n, hw in [] if args.convs_only else SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         a = torch.randint(-100, 100, (m, k), device="cuda", dtype=torch.int8, generator=g)
         w = torch.randint(-100, 100, (n, k), device="cuda", dtype=torch.int8, generator=g)
@@ -117,10 +118,19 @@ def main() -> None:
             x8, packed, scale, (3, 3), (1, 1), [1] * 4, (1, 1), bias, out_scale=0.05, activation="relu",
             config={key: cf[key] for key in int8_conv.CONFIG_KEYS}))
             for cf in int8_conv.configs(n * hw * hw, co, c, SMEM, 3)[:12]])
+        row["kiln_conv_tma"] = best([(str(cf), lambda cf=cf: int8_conv_tma.conv2d(
+            x8, packed, scale, (3, 3), (1, 1), [1] * 4, (1, 1), bias, out_scale=0.05, activation="relu",
+            config={key: cf[key] for key in int8_conv_tma.CONFIG_KEYS}))
+            for cf in int8_conv_tma.configs(hw, hw, co, c, SMEM)])
+        want = int8_conv.conv2d(x8, packed, scale, (3, 3), (1, 1), [1] * 4, (1, 1), bias, out_scale=0.05,
+                                activation="relu")
+        cf = int8_conv_tma.configs(hw, hw, co, c, SMEM)[0]
+        row["tma_equal"] = bool(torch.equal(want, int8_conv_tma.conv2d(
+            x8, packed, scale, (3, 3), (1, 1), [1] * 4, (1, 1), bias, out_scale=0.05, activation="relu", config=cf)))
         row["ops"] = 2 * n * hw * hw * co * c * 9
         rows.append(row)
-        print(f"{label:24} fp16 {row['fp16_cudnn_relu']:.4f}  kiln_conv {row['kiln_conv'][0]:.4f} {row['kiln_conv'][1]}",
-              flush=True)
+        print(f"{label:24} fp16 {row['fp16_cudnn_relu']:.4f}  kiln_conv {row['kiln_conv'][0]:.4f} {row['kiln_conv'][1]}"
+              f"  tma {row['kiln_conv_tma'][0]:.4f} {row['kiln_conv_tma'][1]} equal {row['tma_equal']}", flush=True)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                           "rows": rows}, indent=1))
 

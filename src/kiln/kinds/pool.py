@@ -50,8 +50,12 @@ def _lowest(dtype: torch.dtype) -> float:
 
 @kind("MaxPool")
 def max_pool(inputs, attrs):
-    """ONNX MaxPool; returns (Y, Indices) where Indices are int64 flat positions in X (per storage_order)."""
+    """ONNX MaxPool; returns (Y, Indices) where Indices are int64 flat positions in X (per storage_order). fp8
+    pools in fp32 (e4m3 has no -inf to pad with; the maximum is exact)."""
     x = inputs[0]
+    if x.dtype == torch.float8_e4m3fn:
+        values, index = max_pool([x.float()], attrs)
+        return values.to(x.dtype), index
     pads, covering = _geometry(x, attrs)
     n = x.dim() - 2
     win = _windows(pad_spatial(x, covering, _lowest(x.dtype)), attrs)

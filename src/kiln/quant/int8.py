@@ -166,6 +166,18 @@ def _reads_quantized(c: Candidate, y: str, residual: bool) -> bool:
     return all(k in slots for k, n in enumerate(c.layer.inputs) if n == y)
 
 
+def _max_pool_between(net: Network, consumers: dict, y: str, scales: QuantScales) -> Layer | None:
+    """The MaxPool that is `y`'s only reader, when a calibrated build may run it on the quantized type: the
+    producer then requantizes with the pool output's scale (round and a positive scale are monotonic, so
+    Q(max(y)) = max(Q(y)) up to the producer's multiply-by-1/scale rounding) and the pool reads int8 / fp8."""
+    readers = consumers.get(y, [])
+    if scales.qdq or y in net.outputs or len(readers) != 1 or readers[0].kind != "MaxPool":
+        return None
+    pool = readers[0]
+    indices = pool.outputs[1] if len(pool.outputs) > 1 else ""
+    return None if indices and (consumers.get(indices) or indices in net.outputs) else pool
+
+
 def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozenset(),
                qtype: QType = INT8) -> Int8Result:
     """Quantize every layer that can be (module docstring) to `qtype`, in place; layers in `keep_float` stay
@@ -182,23 +194,31 @@ def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozens
         else:
             chosen[name] = (c, *weight)
     consumers = net.consumers()
-    int8_out = set()
+
+    def quantized_readers(y: str) -> bool:
+        readers = consumers.get(y, [])
+        return y not in net.outputs and y in scales.activations and bool(readers) and all(
+            r.name in chosen and _reads_quantized(chosen[r.name][0], y, not scales.qdq) for r in readers)
+
+    out_scales = {}  # quantized layer → the scale it requantizes its output with
     for name, (c, _, _) in chosen.items():
         y = c.layer.outputs[0]
-        readers = consumers.get(y, [])
-        if y not in net.outputs and y in scales.activations and readers and all(
-                r.name in chosen and _reads_quantized(chosen[r.name][0], y, not scales.qdq) for r in readers):
-            int8_out.add(name)
+        if quantized_readers(y):
+            out_scales[name] = scales.activations[y].scale
+        elif (pool := _max_pool_between(net, consumers, y, scales)) and quantized_readers(pool.outputs[0]):
+            out_scales[name] = scales.activations[pool.outputs[0]].scale  # max commutes with quantizing
+            for t in (y, pool.outputs[0]):
+                net.tensors[t].dtype = qtype.dtype
     rewrite = _Rewrite(net, scales, qtype)
     for layer in net.layers:
         if layer.name not in chosen:
             rewrite.keep(layer)
             continue
         c, q, s = chosen[layer.name]
-        rewrite.quantized(c, q, s, scales.activations[c.layer.outputs[0]].scale if layer.name in int8_out else None)
+        rewrite.quantized(c, q, s, out_scales.get(layer.name))
         r = scales.activations[c.x]
         result.layers[layer.name] = {"kind": layer.kind, "precision": qtype.label, "scale_source": r.source,
-                                     "x_scale": r.scale, "output": qtype.label if layer.name in int8_out else "fp32"}
+                                     "x_scale": r.scale, "output": qtype.label if layer.name in out_scales else "fp32"}
         if c.residual:
             result.layers[layer.name]["residual"] = qtype.label if net.tensors[c.residual].dtype is qtype.dtype \
                 else "fp32"

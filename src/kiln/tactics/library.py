@@ -17,6 +17,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     triton_int8_tma,
     triton_norm,
     triton_pointwise,
+    triton_pool,
     triton_quantize,
     views,
 )

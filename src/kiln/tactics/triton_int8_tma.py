@@ -1,13 +1,16 @@
 """QuantGemm and QuantConv through the TMA-fed quantized GEMM (kernels/int8_gemm_tma.py), Hopper only: the lowering
 and epilogue of tactics/triton_int8.py, operand tiles brought in by the tensor memory accelerator (a call whose
-tensors TMA cannot address runs the pointer-fed kernel with the same tile).
+tensors TMA cannot address runs the pointer-fed kernel with the same tile). Stride-1 QuantConv also through the
+TMA implicit-GEMM conv (kernels/int8_conv_tma.py: 4-D input boxes, TMA's zero fill as the padding).
 
-triton_int8_gemm_tma runs int8 layers, triton_fp8_gemm_tma fp8 e4m3 ones; both are architecture-specific."""
+triton_int8_gemm_tma / triton_int8_conv_tma run int8 layers, triton_fp8_gemm_tma / triton_fp8_conv_tma fp8 e4m3
+ones; all are architecture-specific."""
 
 from __future__ import annotations
 
-from kiln.kernels import int8_gemm_tma
+from kiln.kernels import int8_conv, int8_conv_tma, int8_gemm_tma
 from kiln.kernels.common import capability, smem_limit
+from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import FP8, INT8
 from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
@@ -63,4 +66,47 @@ def _compile(spec: LayerSpec, config, device):
 register(Tactic("triton_int8_gemm_tma", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=19,
                 arch_specific=True, writes_out=True))
 register(Tactic("triton_fp8_gemm_tma", ("QuantGemm", "QuantConv"), _compile, _supports_fp8, _configs, priority=19,
+                arch_specific=True, writes_out=True))
+
+
+def _conv_reason(spec: LayerSpec) -> str | None:
+    a, w = spec.attrs, spec.inputs[1].const
+    if spec.kind != "QuantConv" or w is None or w.dim() != 4:
+        return "2-D convolutions only"
+    if tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1:
+        return "stride 1, group 1 only"
+    if not int8_conv_tma.addressable(w.shape[1], w.shape[2] * w.shape[3]):
+        return "input channels not a multiple of 16 (TMA's 16-byte strides)"
+    return None
+
+
+def _conv_configs(spec: LayerSpec, device, level: int):
+    out, (co, c) = spec.outputs[0].shape, spec.inputs[1].const.shape[:2]
+    oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_tma.configs(oh, ow, co, c, smem_limit(device))]
+
+
+def _compile_conv(spec: LayerSpec, config, device):
+    a = spec.attrs
+    form = int8_lowering.gemm_form(spec)
+    w = int8_conv.pack_weight(spec.inputs[1].const)
+    pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
+    kernel, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["dilations"])
+    act, act_alpha, act_beta = _epilogue(a)
+    has_residual = int8_lowering.has_residual(spec)
+    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=act, act_alpha=act_alpha,
+              act_beta=act_beta, out_dtype=float_out(a), config={k: config[k] for k in int8_conv_tma.CONFIG_KEYS})
+
+    def run(inputs, out=None):
+        return [int8_conv_tma.conv2d(inputs[0], w, form.scale, kernel, (1, 1), pads, dilations, form.bias,
+                                     inputs[4] if has_residual else None, out=first(out), **kw)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv_tma", ("QuantConv",), _compile_conv,
+                lambda spec, device: _conv_reason(spec) or _supports(spec, device), _conv_configs, priority=19,
+                arch_specific=True, writes_out=True))
+register(Tactic("triton_fp8_conv_tma", ("QuantConv",), _compile_conv,
+                lambda spec, device: _conv_reason(spec) or _supports_fp8(spec, device), _conv_configs, priority=19,
                 arch_specific=True, writes_out=True))

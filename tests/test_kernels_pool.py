@@ -1,0 +1,44 @@
+"""kernels/pool.py's Triton max pooling against torch (float) and kiln's reference MaxPool (int8, fp8), in both
+memory formats; runs under TRITON_INTERPRET=1 on the CPU."""
+
+import pytest
+import torch
+
+from kiln.kernels import pool
+from kiln.kinds.pool import max_pool
+
+CASES = [  # shape, kernel, strides, pads (top, left, bottom, right), dilations, ceil
+    ((2, 5, 9, 8), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 0),
+    ((1, 3, 7, 8), (3, 2), (2, 2), (1, 0, 0, 1), (1, 1), 1),
+    ((1, 4, 8, 8), (2, 3), (1, 2), (0, 0, 0, 0), (2, 2), 0),
+]
+
+
+def _reference(x, kernel, strides, pads, dilations, ceil):
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads), "dilations": list(dilations),
+             "ceil_mode": ceil, "auto_pad": "NOTSET", "storage_order": 0}
+    return max_pool([x], attrs)[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_max_pool_equals_the_reference(case, dtype, channels_last):
+    shape, kernel, strides, pads, dilations, ceil = case
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=g) * 60).clamp(-127, 127)
+    x = x.round().to(dtype) if dtype == torch.int8 else x.to(dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    want = _reference(x.contiguous(), kernel, strides, pads, dilations, ceil)
+    got = pool.max_pool2d(x, kernel, strides, pads[:2], dilations, tuple(want.shape[2:]), pool.CONFIGS[2])
+    assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert torch.equal(got.float(), want.float())
+
+
+def test_max_pool_writes_into_a_given_buffer():
+    x = torch.randint(-128, 128, (1, 8, 6, 6), dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    buf = torch.zeros(1 * 8 * 3 * 3 + 16, dtype=torch.uint8)
+    y = pool.max_pool2d(x, (2, 2), (2, 2), (0, 0), (1, 1), (3, 3), out=buf)
+    assert y.data_ptr() == buf.data_ptr()
+    assert torch.equal(y, torch.nn.functional.max_pool2d(x.float(), 2).to(torch.int8))
