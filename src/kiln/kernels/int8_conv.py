@@ -44,14 +44,14 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for kb in range(0, NUM_K):
-        if FLAT_K:  # few channels (a stem conv): the block runs over taps and channels at once, k = tap·C + c
-            k = kb * BLOCK_K + rk
+        if FLAT_K:  # few channels (a stem conv): the block runs over taps and channels at once, k = tap·C + c,
+            k = kb * BLOCK_K + rk  # gathered as a [K, M] tile: lanes run along output pixels, a few bytes apart
             tap = k // C
             c = k % C
-            ih = oh[:, None] * sh - ph + (tap // KW)[None, :] * dh
-            iw = ow[:, None] * sw - pw + (tap % KW)[None, :] * dw
-            a_ok = m_ok[:, None] & (k < KTOT)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a = load_operand(x + n[:, None] * s_xn + ih * s_xh + iw * s_xw + c[None, :] * s_xc, a_ok, FP8)
+            ih = oh[None, :] * sh - ph + (tap // KW)[:, None] * dh
+            iw = ow[None, :] * sw - pw + (tap % KW)[:, None] * dw
+            a_ok = m_ok[None, :] & (k < KTOT)[:, None] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.trans(load_operand(x + n[None, :] * s_xn + ih * s_xh + iw * s_xw + c[:, None] * s_xc, a_ok, FP8))
             b = load_operand(w + k[:, None] * s_wk + rn[None, :] * s_wn, (k < KTOT)[:, None] & n_ok[None, :],
                              FP8)
         else:

@@ -26,9 +26,14 @@ except ImportError:  # pragma: no cover - older triton: the tactic refuses
 
 TMA_ALIGN = 16  # bytes: TMA base addresses and row strides
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), best-first: the winners at ResNet-50 b64 1x1-conv and
-# BERT b64 GEMM shapes on an H100 (results/int8-kernel-probe-fast-div-…json), then wider and smaller tiles
+# BERT b64 GEMM shapes on an H100 (results/int8-kernel-probe-fast-div-…json), then wider and smaller tiles; then
+# two-stage tiles for short reductions (K of one or two blocks: ResNet's 64- and 128-channel 1x1 convs), whose
+# smaller shared memory lets several tiles share an SM and overlap one's loads with another's epilogue
+_SMALLEST = (64, 64, 64, 8, 4, 4)
 _SPACE = [(128, 128, 64, 8, 4, 5), (64, 128, 128, 8, 4, 4), (128, 64, 64, 8, 4, 5), (128, 128, 128, 8, 8, 4),
-          (256, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 4), (64, 64, 128, 8, 4, 4), (64, 64, 64, 8, 4, 4)]
+          (256, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 4), (64, 64, 128, 8, 4, 4), _SMALLEST,
+          (128, 128, 64, 8, 4, 2), (128, 256, 64, 8, 8, 2), (256, 128, 64, 8, 8, 2), (128, 64, 64, 8, 4, 2)]
+SHORT_K = 128  # reductions this short also try the two-stage tiles
 
 
 @triton.jit
@@ -76,7 +81,7 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
             "BLOCK_N"]
         fits = cfg["BLOCK_K"] <= max(64, triton.next_power_of_2(k)) and cfg["BLOCK_N"] <= max(
             64, triton.next_power_of_2(n)) and cfg["BLOCK_M"] <= max(64, triton.next_power_of_2(m or 256))
-        if need <= smem and (fits or t == _SPACE[-1]):
+        if need <= smem and (fits or t == _SMALLEST) and (cfg["num_stages"] > 2 or k <= SHORT_K):
             out.append(cfg)
     return out
 
