@@ -7,6 +7,8 @@ Against fp32 the int8 engine measures a mean per-sample cosine of 0.99993 here (
 0.9972; the tests ask for 0.999 and 0.995.
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -117,3 +119,59 @@ def test_fp8_residuals_are_fp8(tmp_path):
     assert sum(la.kind == "QuantizeLinear" for la in net.layers) == 2
     fp32 = kiln.build(path, kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu"))
     assert _cosine(engine.run({"x": x})["y"], fp32.run({"x": x})["y"]) >= 0.995
+
+
+class Projection(torch.nn.Module):
+    """A bottleneck whose shortcut is a strided 1x1 conv (ResNet's first block of a stage)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(c, c, 1), torch.nn.Conv2d(c, c, 3, 2, 1)
+        self.conv3, self.down = torch.nn.Conv2d(c, 2 * c, 1), torch.nn.Conv2d(c, 2 * c, 1, 2)
+
+    def forward(self, x):
+        return torch.relu(self.conv3(torch.relu(self.conv2(torch.relu(self.conv1(x))))) + self.down(x))
+
+
+def _projection_build(tmp_path, **config):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), Projection(16),
+                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+    path = export(m, (torch.randn(2, 3, 8, 8),), tmp_path / "proj.onnx", dynamo=False, input_names=["x"],
+                  output_names=["y"], dynamic_axes={"x": {0: "b"}})
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.normal(size=(32, 3, 8, 8)).astype(np.float32))
+    x = rng.normal(size=(BATCH, 3, 8, 8)).astype(np.float32)
+    cfg = kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu", calibrator="minmax", int8=True, **config)
+    return kiln.build(path, cfg), kiln.build(path, kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu")), x
+
+
+def _shortcut(net):
+    conv3 = next(la for la in net.layers if la.kind == "QuantConv" and len(la.inputs) > 4 and la.inputs[4])
+    return net.producers()[conv3.inputs[4]], conv3
+
+
+def test_projection_shortcut_writes_an_int8_residual(tmp_path):
+    """The strided 1x1 shortcut's output is only ever a residual: calibrated too, so the shortcut conv writes it
+    int8 and the block's last conv reads it with res_scale (was fp32 both ways)."""
+    engine, fp32, x = _projection_build(tmp_path, calib=str(tmp_path / "calib.npz"))
+    net = engine.network
+    down, conv3 = _shortcut(net)
+    assert down.kind == "QuantConv" and net.tensors[conv3.inputs[4]].dtype is DType.INT8
+    assert conv3.attrs["res_scale"] == down.attrs["out_scale"] is not None
+    assert _cosine(engine.run({"x": x})["y"], fp32.run({"x": x})["y"]) >= 0.999
+
+
+def test_a_calibration_cache_without_residual_scales_still_builds(tmp_path):
+    """A cache written before residuals were calibrated: the build takes it without data, the shortcut writes
+    fp32 as before."""
+    cache = tmp_path / "calib.json"
+    engine, _, _ = _projection_build(tmp_path, calib=str(tmp_path / "calib.npz"), calib_cache=str(cache))
+    down, _ = _shortcut(engine.network)
+    doc = json.loads(cache.read_text())
+    del doc["tensors"][down.outputs[0]]
+    cache.write_text(json.dumps(doc))
+    engine, fp32, x = _projection_build(tmp_path, calib_cache=str(cache))
+    down, conv3 = _shortcut(engine.network)
+    assert engine.network.tensors[conv3.inputs[4]].dtype is DType.FLOAT32 and "res_scale" not in conv3.attrs
+    assert _cosine(engine.run({"x": x})["y"], fp32.run({"x": x})["y"]) >= 0.999

@@ -31,14 +31,15 @@ def build_qtype(config: BuildConfig) -> QType:
     return FP8 if config.fp8 else INT8
 
 
-def _from_cache(config: BuildConfig, needed: set[str], have_data: bool) -> tuple[QuantScales, str] | None:
+def _from_cache(config: BuildConfig, needed: set[str], optional: set[str],
+                have_data: bool) -> tuple[QuantScales, str] | None:
     path = config.calib_cache
     if not path or not Path(path).exists():
         return None
     cache = calib_cache.read(path)
     missing = sorted(needed - set(cache.scales))
     if cache.calibrator == config.calibrator and not missing:
-        scales = QuantScales({n: cache.scales[n] for n in needed})
+        scales = QuantScales({n: cache.scales[n] for n in needed | (optional & set(cache.scales))})
         return scales, (f"calibration cache {path} ({cache.calibrator}, {cache.samples} samples, data sha256 "
                         f"{cache.data_sha256[:12]}…); delete it to recalibrate")
     if have_data:
@@ -67,14 +68,18 @@ def find_scales(net: Network, config: BuildConfig, device, qdq: QuantScales | No
     """The scales to quantize `net` with and where they came from (None: there are none)."""
     if qdq is not None and (qdq.activations or qdq.weights):
         return qdq, "the model's own Q/DQ nodes (not re-calibrated)"
-    needed = {c.x for c in candidates(net).values()}
+    cands = candidates(net).values()
+    needed = {c.x for c in cands}
+    # residual inputs too, so that a conv whose output is only a residual (a projection shortcut) can write it
+    # quantized; optional: a cache from before they were calibrated still serves
+    residuals = {c.residual for c in cands if c.residual} - needed
     source = calib_data if calib_data is not None else config.calib
-    cached = _from_cache(config, needed, source is not None)
+    cached = _from_cache(config, needed, residuals, source is not None)
     if cached is not None:
         return cached
     if source is None:
         return None, ""
-    return _calibrate(net, config, device, needed, source)
+    return _calibrate(net, config, device, needed | residuals, source)
 
 
 def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | None = None,
