@@ -277,7 +277,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kiln.kernels import int8_conv, int8_gemm, int8_gemm_tma, quantize
+from kiln.kernels import int8_conv, int8_conv_tma, int8_gemm, int8_gemm_tma, pool, quantize
 
 def build(fn, sig, consts, cc):
     sig = dict(sig) | {k: "constexpr" for k in consts}
@@ -313,6 +313,17 @@ if cc >= 90:  # the TMA-fed GEMM: int8 with an int8 residual, requantized
               "REQUANT": True, "ACT": "relu", "FP8": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
               "GROUP_M": 8}, cc)
     assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor" in k.asm["ptx"]
+    ct = {"x_desc": "tensordesc<i8[1,8,16,64]>", "w_desc": "tensordesc<i8[64,64]>", "scale": "*fp32",
+          "bias": "*fp32", "res": "*i8", "y": "*i8"}  # the TMA conv: 4-D input boxes
+    ct |= {k: "i32" for k in "OH OW CO C KW ph pw dh dw".split()}
+    ct |= {k: "fp32" for k in "out_inv res_scale act_alpha act_beta".split()}
+    ct |= {k: "i32" for k in "s_rn s_rc s_rh s_rw s_yn s_yc s_yh s_yw NUM_K".split()}
+    k = build(int8_conv_tma._conv_tma_kernel, ct, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
+              "REQUANT": True, "ACT": "relu", "FP8": False, "BH": 8, "BW": 16, "BLOCK_N": 64, "BLOCK_K": 64}, cc)
+    assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor.4d" in k.asm["ptx"]
+mp = {"x": "*i8", "y": "*i8"} | {k: "i32" for k in "N C H W OH OW KH KW sh sw ph pw dh dw".split()}
+mp |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_yn s_yc s_yh s_yw".split()}
+build(pool._max_pool_kernel, mp, {"BLOCK_P": 64, "BLOCK_C": 64}, cc)
 print("compiled")
 '''
 

@@ -24,6 +24,7 @@ from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
 CONFIG_KEYS = conv.CONFIG_KEYS
+OUTSIDE = tl.constexpr(1 << 20)  # an offset that puts a row or tap beyond every input (masked, never read)
 _SPACE_8BIT = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
                (128, 128, 128, 8, 3), (64, 128, 64, 4, 4)]
 
@@ -43,15 +44,22 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    if FLAT_K:  # per output pixel once: its window's corner (rows past the end far outside) and base offset
+        ih0 = tl.where(m_ok, oh * sh - ph, -OUTSIDE)
+        iw0 = ow * sw - pw
+        base = n * s_xn + ih0 * s_xh + iw0 * s_xw
     for kb in range(0, NUM_K):
         if FLAT_K:  # few channels (a stem conv): the block runs over taps and channels at once, k = tap·C + c,
-            k = kb * BLOCK_K + rk  # gathered as a [K, M] tile: lanes run along output pixels, a few bytes apart
-            tap = k // C
+            k = kb * BLOCK_K + rk  # gathered as a [K, M] tile: lanes run along output pixels, a few bytes apart;
+            tap = k // C  # per element only two adds, two unsigned compares and the offset's add
             c = k % C
-            ih = oh[None, :] * sh - ph + (tap // KW)[:, None] * dh
-            iw = ow[None, :] * sw - pw + (tap % KW)[:, None] * dw
-            a_ok = m_ok[None, :] & (k < KTOT)[:, None] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a = tl.trans(load_operand(x + n[None, :] * s_xn + ih * s_xh + iw * s_xw + c[:, None] * s_xc, a_ok, FP8))
+            dr = tl.where(k < KTOT, (tap // KW) * dh, -OUTSIDE)
+            ds = (tap % KW) * dw
+            ih = (ih0[None, :] + dr[:, None]).to(tl.uint32)
+            iw = (iw0[None, :] + ds[:, None]).to(tl.uint32)
+            a_ok = (ih < H) & (iw < W)  # unsigned: a negative index is past every bound
+            koff = dr * s_xh + ds * s_xw + c * s_xc
+            a = tl.trans(load_operand(x + (base[None, :] + koff[:, None]), a_ok, FP8))
             b = load_operand(w + k[:, None] * s_wk + rn[None, :] * s_wn, (k < KTOT)[:, None] & n_ok[None, :],
                              FP8)
         else:

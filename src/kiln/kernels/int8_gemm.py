@@ -26,6 +26,7 @@ from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³: v + M - M rounds v to the nearest integer, ties to even (|v| < 2²²)
+MAGIC_BITS = tl.constexpr(0x4B400000)  # ROUND_MAGIC's fp32 bits: bits(v + M) - MAGIC_BITS is that integer
 MIN_BLOCK_K = 32
 FP8_PROMOTE = tl.constexpr(32)  # fp8 products summed in the MMA unit before they join the fp32 accumulator
 QUANTIZED_OPERANDS = (torch.int8, torch.float8_e4m3fn)
@@ -54,15 +55,32 @@ def load_operand(ptrs, mask, FP8: tl.constexpr):
 
 @triton.jit
 def requant(v, out_inv, FP8: tl.constexpr):
-    """An fp32 epilogue value → its quantized value (as fp32, exact in the target type): int8 or fp8 e4m3;
-    out_inv = inv_scale(out_scale)."""
+    """An fp32 epilogue value → its quantized value: for int8 the int32 integer (the store truncates it), for fp8
+    e4m3 the fp32 value exact in e4m3; out_inv = inv_scale(out_scale)."""
     q = v * out_inv
     if FP8:
         q = round_e4m3(q)
     else:
         q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        q = (q + ROUND_MAGIC) - ROUND_MAGIC
+        q = (q + ROUND_MAGIC).to(tl.int32, bitcast=True) - MAGIC_BITS  # the rounded integer, read from the bits
     return q
+
+
+@triton.jit
+def int_to_f32(q):
+    """An integer tile with |q| < 2²² (int8 activations) → fp32, exactly: the bits of 1.5·2²³ + q less 1.5·2²³,
+    an integer and an fp32 add where a conversion would take the GPU's quarter-rate unit."""
+    return (q.to(tl.int32) + MAGIC_BITS).to(tl.float32, bitcast=True) - ROUND_MAGIC
+
+
+@triton.jit
+def dequant(r, res_scale, FP8: tl.constexpr):
+    """A quantized residual tile → the fp32 value the epilogue adds: fp32(r) · res_scale (one product)."""
+    if FP8:
+        v = r.to(tl.float32)
+    else:
+        v = int_to_f32(r)
+    return v * res_scale
 
 
 @triton.jit
@@ -86,7 +104,7 @@ def residual_tile(ptrs, mask, res_scale, RES_Q: tl.constexpr, FP8: tl.constexpr)
     """A residual tile as the fp32 value the epilogue adds: a float one as is, a quantized one (RES_Q, of the
     operands' type) times res_scale (one fp32 product)."""
     if RES_Q:
-        return load_operand(ptrs, mask, FP8).to(tl.float32) * res_scale
+        return dequant(load_operand(ptrs, mask, FP8), res_scale, FP8)
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 

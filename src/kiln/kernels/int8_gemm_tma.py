@@ -15,7 +15,7 @@ import triton.language as tl
 from kiln.kernels.common import ACTIVATIONS, grouped_tile
 from kiln.kernels.gemm import CONFIG_KEYS
 from kiln.kernels import int8_gemm
-from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, epilogue
+from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, dequant, epilogue
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -58,9 +58,8 @@ def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_i
     rn = off_n + tl.arange(0, BLOCK_N)
     r = 0.0
     if HAS_RES:
-        r = r_desc.load([off_m, off_n]).to(tl.float32)
-        if RES_Q:
-            r = r * res_scale
+        r = r_desc.load([off_m, off_n])
+        r = dequant(r, res_scale, FP8) if RES_Q else r.to(tl.float32)
     v = epilogue(acc, scale, bias, rn, rn < N, r, act_alpha, act_beta, out_inv, HAS_BIAS, HAS_RES, ACT, REQUANT, FP8)
     c_desc.store([off_m, off_n], v.to(c_desc.dtype))
 

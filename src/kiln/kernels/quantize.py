@@ -13,10 +13,9 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import INTERPRET
-from kiln.kernels.int8_gemm import round_e4m3
+from kiln.kernels.int8_gemm import MAGIC_BITS, ROUND_MAGIC, round_e4m3
 from kiln.kernels.out_buffer import take
 
-ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 · 2²³ (kernels/int8_gemm.py)
 @triton.jit
 def _div(y, s, EXACT: tl.constexpr):
     """y / s: IEEE (div_rn) on the GPU, plain under the interpreter (which has no div_rn)."""
@@ -37,7 +36,7 @@ def _quantize_kernel(x, q, n, scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
         v = round_e4m3(v)
     else:
         v = tl.minimum(tl.maximum(v, -128.0), 127.0)
-        v = (v + ROUND_MAGIC) - ROUND_MAGIC
+        v = (v + ROUND_MAGIC).to(tl.int32, bitcast=True) - MAGIC_BITS  # the rounded integer, from the bits
     tl.store(q + offs, v.to(q.dtype.element_ty), mask=inside)
 
 
