@@ -307,12 +307,14 @@ build(quantize._quantize_kernel, {"x": "*fp16", "q": f8, "n": "i32", "scale": "f
       {"FP8": True, "EXACT_DIV": True, "BLOCK": 1024}, cc)
 if cc >= 90:  # the TMA-fed GEMM: int8 with an int8 residual, requantized
     tma = {"a_desc": "tensordesc<i8[128,64]>", "w_desc": "tensordesc<i8[128,64]>", "c_desc": "tensordesc<i8[128,128]>",
-           "r_desc": "tensordesc<i8[128,128]>", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
+           "r_desc": "tensordesc<i8[128,128]>", "res": "*i8", "s_rm": "i32", "scale": "*fp32", "bias": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32"}
     tma |= {k: "fp32" for k in "out_inv res_scale act_alpha act_beta".split()}
-    k = build(int8_gemm_tma._tma_gemm_kernel, tma, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
-              "REQUANT": True, "ACT": "relu", "FP8": False, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
-              "GROUP_M": 8}, cc)
-    assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor" in k.asm["ptx"]
+    for early in (False, True):  # the residual by TMA after the reduction, or by pointers before it
+        k = build(int8_gemm_tma._tma_gemm_kernel, tma, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
+                  "RES_EARLY": early, "REQUANT": True, "ACT": "relu", "FP8": False, "BLOCK_M": 128,
+                  "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, cc)
+        assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor" in k.asm["ptx"]
     ct = {"x_desc": "tensordesc<i8[1,8,16,64]>", "w_desc": "tensordesc<i8[64,64]>", "scale": "*fp32",
           "bias": "*fp32", "res": "*i8", "y": "*i8"}  # the TMA conv: 4-D input boxes
     ct |= {k: "i32" for k in "OH OW CO C KW ph pw dh dw".split()}

@@ -60,13 +60,14 @@ def main() -> None:
     ap.add_argument("--out", default="int8-tma-probe.json")
     ap.add_argument("--fast-div", action="store_true", help="requantize with the approximate division (timing only)")
     ap.add_argument("--convs-only", action="store_true", help="only the 3x3 convs")
+    ap.add_argument("--r50-only", action="store_true", help="only ResNet-50's 1x1 convs")
     args = ap.parse_args()
     if args.fast_div:
         for mod in (int8_conv, int8_gemm, int8_gemm_tma):
             mod.INTERPRET = True  # the kernels take EXACT_DIV=not INTERPRET
     rows = []
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
-    for label, m, k, n, hw in [] if args.convs_only else SHAPES:
+    for label, m, k, n, hw in [] if args.convs_only else [s for s in SHAPES if s[4] or not args.r50_only]:
         g = torch.Generator(device="cuda").manual_seed(0)
         a = torch.randint(-100, 100, (m, k), device="cuda", dtype=torch.int8, generator=g)
         w = torch.randint(-100, 100, (n, k), device="cuda", dtype=torch.int8, generator=g)
@@ -94,6 +95,24 @@ def main() -> None:
         row["tma_gemm"] = best([(str(c), lambda c=c: int8_gemm_tma.matmul(
             a, w, scale, bias, out_scale=0.05, activation="relu", config=c))
             for c in int8_gemm_tma.configs(m, n, k, SMEM)])
+        if hw is not None and n > k:  # a bottleneck's last conv: an int8 residual (res_scale), three ways
+            res = torch.randint(-100, 100, (m, n), device="cuda", dtype=torch.int8, generator=g)
+            kw = dict(residual=res, res_scale=0.01, out_scale=0.05, activation="relu")
+            tiles = int8_gemm_tma.configs(m, n, k, SMEM)[:4]
+            for early in (False, True):
+                row[f"tma_res{'_early' if early else ''}"] = best([(str(c), lambda c=c, early=early: int8_gemm_tma.matmul(
+                    a, w, scale, bias, config=c, res_early=early, **kw)) for c in tiles])
+            res4 = res.view(m // (hw * hw), hw, hw, n).permute(0, 3, 1, 2)
+            row["conv_res"] = best([(str(c), lambda c=c: int8_conv.conv2d(
+                x8, packed, scale, (1, 1), (1, 1), [0] * 4, (1, 1), bias, res4, res_scale=0.01, out_scale=0.05,
+                activation="relu", config={key: c[key] for key in int8_conv.CONFIG_KEYS}))
+                for c in int8_conv.configs(m, n, k, SMEM, 3)[:4]])
+            want = int8_gemm.matmul(a, w.t(), scale, bias, **kw)
+            row["res_early_equal"] = bool(torch.equal(want, int8_gemm_tma.matmul(a, w, scale, bias, config=tiles[0],
+                                                                               res_early=True, **kw)))
+            print(f"{label:24} residual: tma {row['tma_res'][0]:.4f} {row['tma_res'][1]}  early "
+                  f"{row['tma_res_early'][0]:.4f} {row['tma_res_early'][1]}  conv {row['conv_res'][0]:.4f}  "
+                  f"equal {row['res_early_equal']}", flush=True)
         ref = int8_gemm.matmul(a, w.t(), scale, bias, out_scale=0.05, activation="relu")
         cfg = int8_gemm_tma.configs(m, n, k, SMEM)[0]
         got = int8_gemm_tma.matmul(a, w, scale, bias, out_scale=0.05, activation="relu", config=cfg)

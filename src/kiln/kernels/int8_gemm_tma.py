@@ -37,13 +37,18 @@ SHORT_K = 128  # reductions this short also try the two-stage tiles
 
 
 @triton.jit
-def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_inv, res_scale, act_alpha,
+def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale, act_alpha,
                      act_beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr,
-                     REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                     RES_EARLY: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
+    rn = off_n + tl.arange(0, BLOCK_N)
+    if HAS_RES and RES_EARLY:  # the residual's loads issued before the reduction, so they land while it runs
+        rm = off_m + tl.arange(0, BLOCK_M)
+        r_early = tl.load(res + rm[:, None] * s_rm + rn[None, :], mask=(rm < M)[:, None] & (rn < N)[None, :],
+                          other=0)
     if FP8:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
@@ -55,10 +60,12 @@ def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, K, out_i
             acc = tl.dot(a, b.T, acc, out_dtype=tl.float32, max_num_imprecise_acc=FP8_PROMOTE)
         else:
             acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
-    rn = off_n + tl.arange(0, BLOCK_N)
     r = 0.0
     if HAS_RES:
-        r = r_desc.load([off_m, off_n])
+        if RES_EARLY:
+            r = r_early
+        else:
+            r = r_desc.load([off_m, off_n])
         r = dequant(r, res_scale, FP8) if RES_Q else r.to(tl.float32)
     v = epilogue(acc, scale, bias, rn, rn < N, r, act_alpha, act_beta, out_inv, HAS_BIAS, HAS_RES, ACT, REQUANT, FP8)
     c_desc.store([off_m, off_n], v.to(c_desc.dtype))
@@ -88,7 +95,8 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
 def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, *, out_scale: float | None = None, res_scale: float | None = None,
            activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
-           out_dtype: torch.dtype = torch.float32, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype = torch.float32, config: dict, out: torch.Tensor | None = None,
+           res_early: bool = False) -> torch.Tensor:
     """kernels/int8_gemm.matmul's result for a (M, K) @ w (N, K)ᵀ (`w` N-major here), through TMA; `res_scale`
     dequantizes a residual of a's type."""
     if activation not in ACTIVATIONS:
@@ -110,9 +118,10 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _tma_gemm_kernel[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
                            TensorDescriptor.from_tensor(c, [bm, bn]), TensorDescriptor.from_tensor(r, [bm, bn]),
-                           scale, bias if bias is not None else scale, m, n, k, inv_scale(out_scale) if out_scale is not None else 1.0,
+                           r, r.stride(0), scale, bias if bias is not None else scale, m, n, k, inv_scale(out_scale) if out_scale is not None else 1.0,
                            float(res_scale or 1.0), float(act_alpha), float(act_beta), HAS_BIAS=bias is not None,
-                           HAS_RES=residual is not None, RES_Q=res_scale is not None, REQUANT=out_scale is not None,
+                           HAS_RES=residual is not None, RES_Q=res_scale is not None, RES_EARLY=res_early,
+                           REQUANT=out_scale is not None,
                            ACT=activation, FP8=a.dtype == torch.float8_e4m3fn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
                            num_stages=config["num_stages"], enable_fp_fusion=False)
