@@ -116,3 +116,18 @@ def test_gpu_conv_tma_resnet_shape():
     t = registry.get("triton_int8_conv_tma")
     for cfg in t.configs(spec, dev, 3):
         assert _close([t.compile(spec, cfg, dev)(inputs)[0]], [want], False, True) is None, cfg
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_tma_gemm_residual_loaded_early_or_late_is_bit_exact(early):
+    """kernels/int8_gemm_tma.py reads an int8 residual by pointers before the reduction or by TMA after it: the
+    same bits as the pointer GEMM either way."""
+    from kiln.kernels import int8_gemm, int8_gemm_tma
+    g = torch.Generator().manual_seed(7)
+    a, w = (torch.randint(-100, 100, s, generator=g, dtype=torch.int8) for s in ((40, 64), (48, 64)))
+    res = torch.randint(-100, 100, (40, 48), generator=g, dtype=torch.int8)
+    scale, bias = torch.rand(48, generator=g) * 1e-3, torch.randn(48, generator=g)
+    kw = dict(residual=res, res_scale=0.01, out_scale=0.05, activation="relu")
+    want = int8_gemm.matmul(a, w.t(), scale, bias, **kw)
+    cfg = int8_gemm_tma.configs(40, 48, 64, 227 * 1024)[0]
+    assert torch.equal(int8_gemm_tma.matmul(a, w, scale, bias, config=cfg, res_early=early, **kw), want)
