@@ -76,7 +76,17 @@ def _int8_conv_kernel(x, w, scale, bias, res, y, N, H, W, C, OH, OW, CO, KW, sh,
             acc = tl.dot(a, b, acc, out_dtype=tl.float32, max_num_imprecise_acc=FP8_PROMOTE)
         else:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-    inside = m_ok[:, None] & n_ok[None, :]
+    store_pixels(acc, n, oh, ow, m_ok, rn, n_ok, res, y, scale, bias, out_inv, res_scale, act_alpha, act_beta, s_rn,
+                 s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS, HAS_RES, RES_Q, REQUANT, ACT, FP8)
+
+
+@triton.jit
+def store_pixels(acc, n, oh, ow, rows_ok, rn, n_ok, res, y, scale, bias, out_inv, res_scale, act_alpha, act_beta,
+                 s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                 RES_Q: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr):
+    """A conv tile's quantized epilogue and store, its rows output pixels (n, oh, ow), its columns channels rn
+    (the implicit-GEMM convs here and in kernels/int8_conv_tma.py share it)."""
+    inside = rows_ok[:, None] & n_ok[None, :]
     r = 0.0
     if HAS_RES:
         r = residual_tile(res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rn[None, :] * s_rc, inside, res_scale,

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from kiln.kernels import int8_conv
 from kiln.kernels.common import ACTIVATIONS
-from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, check_residual, epilogue, residual_tile
+from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, check_residual
 from kiln.kernels.int8_gemm_tma import TMA_ALIGN, TensorDescriptor
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
@@ -59,15 +59,9 @@ def _conv_tma_kernel(x_desc, w_desc, scale, bias, res, y, OH, OW, CO, C, KW, ph,
     i = tl.arange(0, BH * BW)
     oh, ow = oh0 + i // BW, ow0 + i % BW
     rn = off_n + tl.arange(0, BLOCK_N)
-    n_ok = rn < CO
-    inside = ((oh < OH) & (ow < OW))[:, None] & n_ok[None, :]
-    r = 0.0
-    if HAS_RES:
-        r = residual_tile(res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rn[None, :] * s_rc, inside, res_scale,
-                          RES_Q, FP8)
-    v = epilogue(acc, scale, bias, rn, n_ok, r, act_alpha, act_beta, out_inv, HAS_BIAS, HAS_RES, ACT, REQUANT, FP8)
-    tl.store(y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc, v.to(y.dtype.element_ty),
-             mask=inside)
+    int8_conv.store_pixels(acc, n, oh, ow, (oh < OH) & (ow < OW), rn, rn < CO, res, y, scale, bias, out_inv,
+                           res_scale, act_alpha, act_beta, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS,
+                           HAS_RES, RES_Q, REQUANT, ACT, FP8)
 
 
 def addressable(c: int, taps: int, itemsize: int = 1) -> bool:
