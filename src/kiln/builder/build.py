@@ -25,6 +25,7 @@ from kiln.kinds.qtype import QTYPES
 from kiln.quant.budget import copy_network, time_engines
 from kiln.quant.fp8 import check_fp8
 from kiln.quant.int8 import apply_int8
+from kiln.quant.fold_quantize import fold_quantize
 from kiln.quant.int8_fp16 import int8_fp16_io
 from kiln.quant.int8_stage import quantize_int8
 from kiln.quant.scheme import QuantScales, TensorScale
@@ -144,7 +145,10 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
             int8_info.update(record)
         cuda_int8 = quantize and ctx.device.backend == "cuda" and not config.bf16
         notes += apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
-        return notes + (int8_fp16_io(net) if quantize and (cuda_int8 or config.fp16) else [])
+        notes += int8_fp16_io(net) if quantize and (cuda_int8 or config.fp16) else []
+        folded = fold_quantize(net) if quantize else 0
+        return notes + ([f"{folded} QuantizeLinear layers folded into the add+LayerNorm before them"] if folded
+                        else [])
 
     ctx.notes += stage("precision", precision)
     net.verify()
@@ -186,6 +190,7 @@ def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -
     apply_precision(net, replace(config, fp16=not config.bf16))
     if not config.bf16:
         int8_fp16_io(net)
+    fold_quantize(net)
     weights = {k: to_device(v, engine.device.torch_device) for k, v in net.constants.items()}
     choices = tune(net, weights, engine.device, config.opt_level, config.tf32, cache, lambda *a: None,
                    config.workspace_bytes)

@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import row_config
+from kiln.kernels.common import INTERPRET, row_config
+from kiln.kernels.quantize import quantize_values
 from kiln.kernels.out_buffer import take
 
 
@@ -78,7 +79,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 @triton.jit
-def _add_layernorm_kernel(a, r, w, b, y, s, N, s_a, s_r, eps, HAS_BIAS: tl.constexpr, STORE_SUM: tl.constexpr,
+def _add_layernorm_kernel(a, r, w, b, y, s, q, N, s_a, s_r, eps, q_scale, HAS_BIAS: tl.constexpr,
+                          STORE_SUM: tl.constexpr, QUANT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
                           BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -88,8 +90,11 @@ def _add_layernorm_kernel(a, r, w, b, y, s, N, s_a, s_r, eps, HAS_BIAS: tl.const
     v = v.to(y.dtype.element_ty)  # the sum is rounded to the tensors' dtype, as the unfused Add gives it
     if STORE_SUM:
         tl.store(s + row * N + cols, v, mask=inside)
-    out = _normalize_row(v.to(tl.float32), inside, w, b, cols, N, eps, HAS_BIAS)
-    tl.store(y + row * N + cols, out.to(y.dtype.element_ty), mask=inside)
+    out = _normalize_row(v.to(tl.float32), inside, w, b, cols, N, eps, HAS_BIAS).to(y.dtype.element_ty)
+    tl.store(y + row * N + cols, out, mask=inside)
+    if QUANT:  # the stored value quantized, as a QuantizeLinear reading y computes it
+        tl.store(q + row * N + cols, quantize_values(out, q_scale, FP8, EXACT_DIV).to(q.dtype.element_ty),
+                 mask=inside)
 
 
 def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -98,21 +103,26 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def add_layer_norm(a: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-                   config: dict | None = None, want_sum: bool = True,
-                   out: tuple = (None, None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   config: dict | None = None, want_sum: bool = True, out: tuple = (None, None, None),
+                   q_scale: float | None = None, q_dtype: torch.dtype = torch.int8) -> tuple:
     """(LayerNorm(a + r) over the last dim, a + r) in one pass; a and r have one shape, rows of ≤ BLOCK values.
-    The sum is None when not `want_sum`; `out` holds byte buffers for the two results (or None)."""
+    The sum is None when not `want_sum`; with `q_scale` a third result, the normalized rows quantized to q_dtype
+    (kernels/quantize.py's arithmetic); `out` holds byte buffers for the results (or None)."""
     n = a.shape[-1]
     cfg = config or row_config(n)
     if n > cfg["BLOCK"]:
         raise ValueError(f"rows of {n} values do not fit one block of {cfg['BLOCK']}")
     a2, r2 = _rows(a, n), _rows(r, n)
+    out = (list(out) + [None] * 3)[:3]
     y = take(out[0], a.shape, a.dtype, a.device)
     s = take(out[1], a.shape, a.dtype, a.device) if want_sum else None
+    q = take(out[2], a.shape, q_dtype, a.device) if q_scale is not None else None
     if a2.numel():
         w = weight.reshape(-1)
         b = bias.reshape(-1) if bias is not None else w
-        _add_layernorm_kernel[(a2.shape[0],)](a2, r2, w, b, y, s if s is not None else y, n, a2.stride(0),
-                                              r2.stride(0), float(eps), HAS_BIAS=bias is not None,
-                                              STORE_SUM=want_sum, BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
-    return y, s
+        _add_layernorm_kernel[(a2.shape[0],)](a2, r2, w, b, y, s if s is not None else y, q if q is not None else y,
+                                              n, a2.stride(0), r2.stride(0), float(eps), float(q_scale or 1.0),
+                                              HAS_BIAS=bias is not None, STORE_SUM=want_sum, QUANT=q is not None,
+                                              FP8=q_dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
+                                              BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return (y, s) if q is None else (y, s, q)

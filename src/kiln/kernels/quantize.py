@@ -28,15 +28,22 @@ CONFIGS = [{"BLOCK": 2048, "num_warps": 4}, {"BLOCK": 4096, "num_warps": 8}, {"B
 
 
 @triton.jit
-def _quantize_kernel(x, q, n, scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = offs < n
-    v = _div(tl.load(x + offs, mask=inside, other=0.0).to(tl.float32), scale, EXACT_DIV)
+def quantize_values(x, scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr):
+    """A float tile → its quantized values (module docstring): fp32 exact in e4m3, or the int8 integer as int32."""
+    v = _div(x.to(tl.float32), scale, EXACT_DIV)
     if FP8:
         v = round_e4m3(v)
     else:
         v = tl.minimum(tl.maximum(v, -128.0), 127.0)
         v = (v + ROUND_MAGIC).to(tl.int32, bitcast=True) - MAGIC_BITS  # the rounded integer, from the bits
+    return v
+
+
+@triton.jit
+def _quantize_kernel(x, q, n, scale, FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    v = quantize_values(tl.load(x + offs, mask=inside, other=0.0), scale, FP8, EXACT_DIV)
     tl.store(q + offs, v.to(q.dtype.element_ty), mask=inside)
 
 

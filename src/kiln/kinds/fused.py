@@ -94,11 +94,16 @@ def fused_attention(inputs, attrs):
 
 @kind("AddLayerNorm")
 def add_layer_norm(inputs, attrs):
-    """S = A + B (same shapes), Y = LayerNormalization(S, scale, bias). Outputs: Y, S.
+    """S = A + B (same shapes), Y = LayerNormalization(S, scale, bias). Outputs: Y, S, and with attr q_scale
+    (quant/fold_quantize.py) Y_q = QuantizeLinear(Y, q_scale) to q_dtype (int8 / fp8, per tensor, saturating).
     attrs: LayerNormalization's (axis, epsilon, stash_type)."""
     a, b, scale, bias = (list(inputs) + [None] * 4)[:4]
     s = _ref("Add", [a, b])
-    return _ref("LayerNormalization", [s, scale, bias], attrs), s
+    y = _ref("LayerNormalization", [s, scale, bias], {k: v for k, v in attrs.items() if not k.startswith("q_")})
+    if attrs.get("q_scale") is None:
+        return y, s
+    q_attrs = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": attrs["q_dtype"], "precision": None}
+    return y, s, _ref("QuantizeLinear", [y, torch.tensor(attrs["q_scale"], dtype=torch.float32)], q_attrs)
 
 
 @kind("PointwiseChain")

@@ -9,7 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kiln.ir import DType
+from kiln.kernels import quantize
 from kiln.tactics import torch_conv
+from kiln.tactics.int8_lowering import fp8_device_reason
 from kiln.tactics.common import first, float_io, linear, rank, rowwise, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
@@ -152,6 +155,9 @@ def _supports_add_ln(spec: LayerSpec, device) -> str | None:
     axis = spec.attrs.get("axis", -1) % len(a.shape)
     if not all(isinstance(x, int) for x in a.shape[axis:]):
         return "normalized dims are not static"
+    if spec.attrs.get("q_scale") is not None and spec.attrs["q_dtype"] is DType.FP8E4M3:
+        return fp8_device_reason(device) or float_io(LayerSpec(spec.name, spec.kind, {}, spec.inputs[:2],
+                                                                spec.outputs[:1]))
     return float_io(LayerSpec(spec.name, spec.kind, {}, spec.inputs[:2], spec.outputs[:1]))
 
 
@@ -160,9 +166,12 @@ def _compile_add_ln(spec: LayerSpec, config, device):
     shape = tuple(a.shape[spec.attrs.get("axis", -1) % len(a.shape):])
     eps = spec.attrs.get("epsilon", 1e-5)
 
+    q_scale, q_dtype = spec.attrs.get("q_scale"), spec.attrs.get("q_dtype")
+
     def run(inputs):
         s = inputs[0] + inputs[1]
-        return [F.layer_norm(s, shape, inputs[2], inputs[3] if len(inputs) > 3 else None, eps), s]
+        y = F.layer_norm(s, shape, inputs[2], inputs[3] if len(inputs) > 3 else None, eps)
+        return [y, s] if q_scale is None else [y, s, quantize.quantize(y, q_scale, dtype=q_dtype.torch)]
 
     return run
 

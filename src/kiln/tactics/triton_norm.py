@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 
+from kiln.ir import DType
 from kiln.kernels import layernorm, softmax
 from kiln.kernels.common import MAX_ROW_BLOCK, row_configs
 from kiln.tactics.common import first, rank
+from kiln.tactics.int8_lowering import fp8_device_reason
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import io_reason
@@ -74,8 +76,12 @@ def _supports_add_ln(spec: LayerSpec, device) -> str | None:
         return "A and B shapes differ or are not static"
     if rank(a) and isinstance(a.shape[-1], int) and a.shape[-1] > MAX_ROW_BLOCK:
         return f"rows wider than {MAX_ROW_BLOCK} values"
-    ln = LayerSpec(spec.name, "LayerNormalization", spec.attrs, (a, *spec.inputs[2:4]), spec.outputs[:1])
-    return _supports_ln(ln, device) or io_reason(spec, [b, spec.outputs[0]], device)
+    ln = LayerSpec(spec.name, "LayerNormalization", {k: v for k, v in spec.attrs.items() if not k.startswith("q_")},
+                   (a, *spec.inputs[2:4]), spec.outputs[:1])
+    why = _supports_ln(ln, device) or io_reason(spec, [b, spec.outputs[0]], device)
+    if why is None and spec.attrs.get("q_scale") is not None and spec.attrs["q_dtype"] is DType.FP8E4M3:
+        return fp8_device_reason(device)
+    return why
 
 
 def _configs_add_ln(spec: LayerSpec, device, level: int):
@@ -84,12 +90,15 @@ def _configs_add_ln(spec: LayerSpec, device, level: int):
 
 def _compile_add_ln(spec: LayerSpec, config, device):
     eps = spec.attrs.get("epsilon", 1e-5)
-    want_sum = len(spec.outputs) > 1 and spec.outputs[1].dtype is not None
+    want_sum = len(spec.outputs) > 1 and spec.outputs[1] is not None and spec.outputs[1].dtype is not None
+    q_scale, q_dtype = spec.attrs.get("q_scale"), spec.attrs.get("q_dtype")
+    quant = dict(q_scale=q_scale, q_dtype=q_dtype.torch) if q_scale is not None else {}
 
     def run(inputs, out=None):
         bias = inputs[3] if len(inputs) > 3 else None
-        bufs = (list(out) + [None, None])[:2] if out else (None, None)
-        return list(layernorm.add_layer_norm(inputs[0], inputs[1], inputs[2], bias, eps, config, want_sum, bufs))
+        outs = layernorm.add_layer_norm(inputs[0], inputs[1], inputs[2], bias, eps, config, want_sum, out or (),
+                                        **quant)
+        return list(outs)
 
     return run
 

@@ -1,0 +1,86 @@
+"""quant/fold_quantize.py: a QuantizeLinear reading an AddLayerNorm's output becomes that layer's third output
+(a transformer's add+LayerNorm feeding an int8 GEMM), with the reference, the Triton kernel and the torch
+tactic all writing the same quantized copy; CPU (Triton under TRITON_INTERPRET=1)."""
+
+import numpy as np
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.ir import DType
+from kiln.kernels import layernorm, quantize
+from kiln.kinds import run_reference
+from test_memory_plan import _forced, _named
+from test_quant_int8_residual import _cosine
+
+RNG = np.random.default_rng(0)
+D = 32
+
+
+def _block() -> bytes:
+    """x → MatMul → +x → LayerNorm → MatMul → +LN → LayerNorm → MatMul: two add+LayerNorms, each read by a
+    MatMul (quantized) and the first also by a float Add."""
+    w = {f"w{i}": (RNG.standard_normal((D, D)) / np.sqrt(D)).astype(np.float32) for i in range(1, 4)}
+    inits = [numpy_helper.from_array(v, k) for k, v in w.items()]
+    inits += [numpy_helper.from_array(np.ones(D, np.float32), "g"), numpy_helper.from_array(np.zeros(D, np.float32),
+                                                                                            "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "x"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w2"], ["p"]), helper.make_node("Add", ["p", "n"], ["t"]),
+             helper.make_node("LayerNormalization", ["t", "g", "b"], ["n2"], axis=-1),
+             helper.make_node("MatMul", ["n2", "w3"], ["y"])]
+    g = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, D])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, D])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _builds(**config):
+    calib = [{"x": RNG.standard_normal((8, D)).astype(np.float32)} for _ in range(4)]
+    shapes = {"x": (8, D)}
+    model = _block()
+    quantized = kiln.build(model, kiln.BuildConfig.with_shapes(shapes, device="cpu", **config), calib_data=calib)
+    return quantized, kiln.build(model, kiln.BuildConfig.with_shapes(shapes, device="cpu"))
+
+
+def test_quantize_after_add_layernorm_folds_into_it():
+    engine, fp32 = _builds(int8=True)
+    net = engine.network
+    lns = [la for la in net.layers if la.kind == "AddLayerNorm"]
+    assert len(lns) == 2 and all(la.attrs["q_scale"] > 0 and la.attrs["q_dtype"] is DType.INT8 for la in lns)
+    assert all(net.tensors[la.outputs[2]].dtype is DType.INT8 for la in lns)
+    consumers = net.consumers()
+    assert all(c.kind == "QuantGemm" for la in lns for c in consumers[la.outputs[2]])
+    assert [la.inputs[0] for la in net.layers if la.kind == "QuantizeLinear"] == ["x"]  # was 3
+    assert any("2 QuantizeLinear layers folded into the add+LayerNorm" in n for n in engine.build_info["notes"])
+    x = RNG.standard_normal((8, D)).astype(np.float32)
+    assert _cosine(engine.run({"x": x})["y"], fp32.run({"x": x})["y"]) >= 0.999
+
+
+def test_folded_quantize_is_the_quantize_of_the_normalized_output():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(6, D, generator=g), torch.randn(6, D, generator=g)
+    w, bias = torch.rand(D, generator=g) + 0.5, torch.randn(D, generator=g)
+    attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
+    y, s, q = run_reference("AddLayerNorm", [a, b, w, bias], attrs | {"q_scale": 0.02, "q_dtype": DType.INT8})
+    want = run_reference("QuantizeLinear", [y, torch.tensor(0.02)], {"axis": 1, "block_size": 0, "saturate": True,
+                                                                     "output_dtype": DType.INT8, "precision": None})
+    assert torch.equal(q, want[0]) and torch.equal(y, run_reference("AddLayerNorm", [a, b, w, bias], attrs)[0])
+    for dtype in (torch.float16, torch.float32):  # the Triton kernel: its own y, quantized as the Q kernel does
+        ya, sa, qa = layernorm.add_layer_norm(a.to(dtype), b.to(dtype), w, bias, 1e-5, q_scale=0.02)
+        yb, _ = layernorm.add_layer_norm(a.to(dtype), b.to(dtype), w, bias, 1e-5)
+        assert torch.equal(ya, yb) and torch.equal(qa, quantize.quantize(ya, 0.02))
+        assert torch.equal(sa, a.to(dtype) + b.to(dtype))
+    _, _, q8 = layernorm.add_layer_norm(a, b, w, bias, 1e-5, q_scale=0.02, q_dtype=torch.float8_e4m3fn)
+    assert q8.dtype == torch.float8_e4m3fn and torch.equal(q8.float(), quantize.quantize(
+        layernorm.add_layer_norm(a, b, w, bias, 1e-5)[0], 0.02, dtype=torch.float8_e4m3fn).float())
+
+
+def test_folded_engine_on_triton_and_torch_tactics_matches_the_reference():
+    ref, _ = _builds(int8=True)
+    x = RNG.standard_normal((8, D)).astype(np.float32)
+    want = ref.run({"x": x})["y"]
+    for ln_tactic in ("triton_add_layernorm", "torch_add_layernorm"):
+        eng = _forced(ref, {ln_tactic} | _named("triton_int8_gemm", "triton_quantize", "view_"))
+        lns = [la.name for la in eng.network.layers if la.kind == "AddLayerNorm"]
+        assert {eng.tactics[n].tactic for n in lns} == {ln_tactic}
+        assert _cosine(eng.run({"x": x})["y"], want) >= 0.9999
