@@ -177,6 +177,8 @@ def test_autotuner_int8_inputs_and_tolerance():
     two[7] = two[7] + (2 if two[7] < 100 else -2)
     assert "wrong result" in _close([two], [want], False, quantized=True)
     assert "wrong result" in _close([one], [want], False)  # other int8 outputs stay exact
+    assert _close([one], [want], False, requantized=True) is None  # an add+LayerNorm's quantized copy
+    assert "wrong result" in _close([two], [want], False, requantized=True)
     y = torch.randn(100) * 50
     assert _close([y * (1 + 3e-7)], [y], False, quantized=True) is None
     assert "wrong result" in _close([y + 1e-2], [y], False, quantized=True)
