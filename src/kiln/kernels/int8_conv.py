@@ -96,6 +96,17 @@ def store_pixels(acc, n, oh, ow, rows_ok, rn, n_ok, res, y, scale, bias, out_inv
              mask=inside)
 
 
+def check_operands(x: torch.Tensor, w_packed: torch.Tensor, residual: torch.Tensor | None, res_scale: float | None,
+                   activation: str) -> None:
+    """ValueError unless the conv's operands are both int8 or both fp8, the activation is known and the
+    residual's type matches `res_scale` (kernels/int8_gemm.check_residual)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    if x.dtype not in QUANTIZED_OPERANDS or w_packed.dtype != x.dtype:
+        raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {x.dtype} and {w_packed.dtype}")
+    check_residual(residual, res_scale, x.dtype)
+
+
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
     """[CO, C, KH, KW] → a [KH·KW·C, CO] view of K-major memory ([CO, KH·KW·C] contiguous)."""
     return w.permute(0, 2, 3, 1).reshape(w.shape[0], -1).contiguous().t()
@@ -126,11 +137,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     """The quantized conv of x [N, C, H, W] (int8 or fp8 e4m3, any strides) with `w_packed` ([KH·KW·C, CO], any
     strides: `pack_weight` of the weight, same type); scale fp32 [CO] = x_scale·w_scale; pads [top, left, bottom,
     right]; a residual of x's type needs `res_scale`. NCHW-shaped, channels_last."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}")
-    if x.dtype not in QUANTIZED_OPERANDS or w_packed.dtype != x.dtype:
-        raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {x.dtype} and {w_packed.dtype}")
-    check_residual(residual, res_scale, x.dtype)
+    check_operands(x, w_packed, residual, res_scale, activation)
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
     (sh, sw), (dh, dw) = strides, dilations
     oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1

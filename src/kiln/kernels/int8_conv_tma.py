@@ -16,8 +16,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import int8_conv
-from kiln.kernels.common import ACTIVATIONS
-from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, check_residual
+from kiln.kernels.int8_gemm import FP8_PROMOTE
 from kiln.kernels.int8_gemm_tma import TMA_ALIGN, TensorDescriptor
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
@@ -91,11 +90,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """kernels/int8_conv.conv2d's result (same arguments; `w_packed` from its pack_weight) for stride-1 convs on an
     NHWC input TMA can address; other calls run kernels/int8_conv.py (its first tile)."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}")
-    if x.dtype not in QUANTIZED_OPERANDS or w_packed.dtype != x.dtype:
-        raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {x.dtype} and {w_packed.dtype}")
-    check_residual(residual, res_scale, x.dtype)
+    int8_conv.check_operands(x, w_packed, residual, res_scale, activation)
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
     w = w_packed.t()  # [CO, KH·KW·C], K contiguous
     if tuple(strides) != (1, 1) or not x.is_contiguous(memory_format=torch.channels_last) or not addressable(
