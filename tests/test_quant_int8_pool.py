@@ -78,3 +78,25 @@ def test_a_pool_that_is_a_network_output_stays_float(tmp_path):
     assert net.tensors[pool.outputs[0]].dtype is DType.FLOAT32 and net.tensors[pool.inputs[0]].dtype is DType.FLOAT32
     assert sum(la.kind == "QuantizeLinear" for la in net.layers) == 3
     np.testing.assert_allclose(engine.run({"x": x})["p"], fp32.run({"x": x})["p"], atol=0.05, rtol=0.05)
+
+
+def test_stem_on_the_space_to_depth_tactic_matches_the_reference_bit_exactly(tmp_path):
+    """The stem conv (5x5/2 on 3 channels) through triton_int8_conv_s2d, pointer and TMA variants, the rest
+    through the Triton tactics: the reference engine's bits."""
+    from kiln.builder.autotune import Choice
+    from kiln.engine import Engine
+    from kiln.tactics import registry
+    from kiln.tactics.spec import layer_spec
+    from test_memory_plan import GPU_LIKE
+    ref, _, x = _build(tmp_path, int8=True)
+    base = _forced(ref, _named("triton_int8_conv", "triton_int8_gemm", "triton_quantize", "triton_pool", "view_",
+                               "torch_global"))
+    net = ref.network
+    stem = next(la for la in net.layers if la.kind == "QuantConv")
+    t = registry.get("triton_int8_conv_s2d")
+    spec = layer_spec(net, stem, ref.weights)
+    assert t.supports(spec, GPU_LIKE) is None
+    for conv in ("pointer", "tma"):
+        cfg = next(c for c in t.configs(spec, GPU_LIKE, 1) if c["conv"] == conv)
+        eng = Engine(net, ref.config, ref.device, tactics=dict(base.tactics) | {stem.name: Choice(t.name, cfg)})
+        np.testing.assert_array_equal(eng.run({"x": x})["y"], ref.run({"x": x})["y"])

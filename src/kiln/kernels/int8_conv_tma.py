@@ -24,7 +24,8 @@ from kiln.kinds.quantized import inv_scale
 CONFIG_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 # output blocks of 64-128 pixels (8x8 divides 56 and 28's 4x7 rows poorly least), 64-128 channels
 _SPACE = [(8, 8, 64, 64, 4, 4), (8, 16, 64, 64, 4, 4), (16, 8, 64, 64, 4, 4), (8, 16, 128, 64, 8, 4),
-          (8, 8, 128, 64, 4, 4), (8, 8, 128, 128, 8, 3), (16, 16, 64, 64, 8, 3), (4, 8, 64, 64, 4, 4)]
+          (8, 8, 128, 64, 4, 4), (8, 8, 128, 128, 8, 3), (16, 16, 64, 64, 8, 3), (4, 8, 64, 64, 4, 4),
+          (8, 16, 64, 32, 4, 4), (16, 16, 64, 32, 8, 4), (8, 8, 64, 32, 4, 4)]  # BLOCK_K 32: ≤ 32 channels only
 
 
 @triton.jit
@@ -76,8 +77,8 @@ def configs(oh: int | None, ow: int | None, co: int, c: int, smem: int) -> list[
         cfg = dict(zip(CONFIG_KEYS, t))
         need = cfg["num_stages"] * (cfg["BH"] * cfg["BW"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"]
         fits = cfg["BH"] <= max(4, triton.next_power_of_2(oh or 8)) and cfg["BW"] <= max(
-            8, triton.next_power_of_2(ow or 8)) and cfg["BLOCK_N"] <= max(64, triton.next_power_of_2(co)) and cfg[
-            "BLOCK_K"] <= max(32, triton.next_power_of_2(c))
+            8, triton.next_power_of_2(ow or 8)) and cfg["BLOCK_N"] <= max(64, triton.next_power_of_2(co)) and min(
+            64, c) <= cfg["BLOCK_K"] <= max(32, triton.next_power_of_2(c))
         if need <= smem and (fits or t == _SPACE[0]):
             out.append(cfg)
     return out

@@ -1,0 +1,68 @@
+"""Space-to-depth of a stride-2 conv's input, so the conv runs as a stride-1 conv on 4× the channels:
+
+    S[n, (2·dy + dx)·C + c, i, j] = x[n, c, 2i + dy - pt, 2j + dx - pl]   (zero outside x; channels past 4·C
+    up to `channels` are zero)
+
+A KHxKW stride-2 conv of x with pads (pt, pl) equals a ⌈KH/2⌉x⌈KW/2⌉ stride-1, unpadded conv of S whose weight is
+W'[co, (2·dy + dx)·C + c, a, b] = W[co, c, 2a + dy, 2b + dx] (zero past KH, KW): every product of the original
+sum appears once. For a stem conv (C = 3) this turns a 147-long gather per output pixel into 16-channel rows a
+TMA box or a plain row load can fetch. Works on any element type; writes NHWC (channels_last) memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kiln.kernels.int8_gemm import load_operand
+
+BLOCK = 1024
+
+
+@triton.jit
+def _s2d_kernel(x, s, total, C, H, W, HS, WS, CS, pt, pl, s_xn, s_xc, s_xh, s_xw, FP8: tl.constexpr,
+                BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # NHWC order of S
+    inside = offs < total
+    ch = (offs % CS).to(tl.int32)
+    j = ((offs // CS) % WS).to(tl.int32)
+    i = ((offs // (CS * WS)) % HS).to(tl.int32)
+    n = offs // (CS * WS * HS)
+    c, d = ch % C, ch // C
+    ih, iw = 2 * i + d // 2 - pt, 2 * j + d % 2 - pl
+    ok = inside & (d < 4) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    v = load_operand(x + n * s_xn + c * s_xc + ih * s_xh + iw * s_xw, ok, FP8)
+    tl.store(s + offs, v, mask=inside)
+
+
+def geometry(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(the stride-1 kernel, S's spatial size) for a stride-2 `kernel` producing `out_hw`."""
+    k2 = ((kernel[0] + 1) // 2, (kernel[1] + 1) // 2)
+    return k2, (out_hw[0] + k2[0] - 1, out_hw[1] + k2[1] - 1)
+
+
+def space_to_depth(x: torch.Tensor, pads: tuple[int, int], size: tuple[int, int], channels: int) -> torch.Tensor:
+    """S (module docstring) of x [N, C, H, W] (any strides) with begin pads (pt, pl), spatial `size` and
+    `channels` ≥ 4·C channels, as an NCHW-shaped channels_last tensor."""
+    n, c, h, w = x.shape
+    hs, ws = size
+    s = torch.empty((n, channels, hs, ws), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    total = s.numel()
+    if total:
+        _s2d_kernel[(triton.cdiv(total, BLOCK),)](x, s, total, c, h, w, hs, ws, channels, pads[0], pads[1],
+                                                  *x.stride(), FP8=x.dtype == torch.float8_e4m3fn, BLOCK=BLOCK)
+    return s
+
+
+def weight(w: torch.Tensor, channels: int) -> torch.Tensor:
+    """W' [CO, channels, ⌈KH/2⌉, ⌈KW/2⌉] (module docstring) of a stride-2 weight [CO, C, KH, KW]."""
+    co, c, kh, kw = w.shape
+    k2 = ((kh + 1) // 2, (kw + 1) // 2)
+    padded = torch.zeros((co, c, 2 * k2[0], 2 * k2[1]), dtype=torch.float32, device=w.device)
+    padded[:, :, :kh, :kw] = w.float()
+    # [co, c, a, dy, b, dx] → [co, dy, dx, c, a, b] → channels (2·dy + dx)·C + c
+    t = padded.view(co, c, k2[0], 2, k2[1], 2).permute(0, 3, 5, 1, 2, 4).reshape(co, 4 * c, *k2)
+    out = torch.zeros((co, channels, *k2), dtype=torch.float32, device=w.device)
+    out[:, :4 * c] = t
+    return out.to(w.dtype)
