@@ -39,8 +39,10 @@ def test_cpu_engine_uses_reference_and_plan_records_it(tmp_path):
 
 
 def test_choice_json_round_trip():
-    c = Choice("cudnn_conv", {"layout": "nhwc"}, 3.5, "timed", [("triton_x{}", "failed: out of resources")])
+    c = Choice("cudnn_conv", {"layout": "nhwc"}, 3.5, "timed", [("triton_x{}", "failed: out of resources")],
+               [("cudnn_conv{'layout': 'nhwc'}", 3.5), ("triton_conv{}", 4.25)])
     assert Choice.from_json(c.to_json()) == c
+    assert Choice.from_json({"tactic": "reference"}).timed == []  # plans written before the list existed
 
 
 def test_correctness_check_rejects_wrong_results():

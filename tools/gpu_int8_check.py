@@ -124,7 +124,8 @@ def build_kiln(spec, path: Path, inputs: dict, want: list, precision: str, args)
     t0 = time.perf_counter()
     engine = kiln.build(path, config, calib_data=calib)
     result = {"build_seconds": time.perf_counter() - t0, "plan_bytes": len(engine.serialize()),
-              "tactics": engine.build_info.get("tactics")}
+              "tactics": engine.build_info.get("tactics"),
+              "candidates": {n: c.timed for n, c in engine.tactics.items() if len(c.timed) > 1}}
     if precision in QUANTIZED:
         from kiln.quant.report import int8_summary, size_breakdown
 

@@ -49,15 +49,18 @@ class Choice:
     microseconds: float | None = None
     source: str = "only"            # only | heuristic | timed | cache
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    timed: list[tuple[str, float]] = field(default_factory=list)  # every candidate timed: label, microseconds
 
     def to_json(self) -> dict:
         return {"tactic": self.tactic, "config": self.config, "microseconds": self.microseconds,
-                "source": self.source, "rejected": [list(r) for r in self.rejected]}
+                "source": self.source, "rejected": [list(r) for r in self.rejected],
+                "timed": [[label, round(us, 3)] for label, us in self.timed]}
 
     @classmethod
     def from_json(cls, d: dict) -> "Choice":
         return cls(str(d["tactic"]), dict(d.get("config") or {}), d.get("microseconds"), str(d.get("source", "")),
-                   [(str(a), str(b)) for a, b in d.get("rejected") or []])
+                   [(str(a), str(b)) for a, b in d.get("rejected") or []],
+                   [(str(a), float(b)) for a, b in d.get("timed") or []])
 
 
 def _random_input(v, device) -> Any:
@@ -181,7 +184,7 @@ class Autotuner:
         self.layout = min(("nchw", "nhwc"), key=lambda lay: sum(t[lay][0] for t in both.values()))
         for name, timings in both.items():
             us, tactic, config = timings[self.layout]
-            choices[name] = Choice(tactic, config, us, "timed", choices[name].rejected)
+            choices[name] = Choice(tactic, config, us, "timed", choices[name].rejected, choices[name].timed)
 
     def choose(self, spec: LayerSpec, tuning: LayerSpec | None = None) -> Choice:
         """The tactic for `spec`. A layer with symbolic shapes is checked and timed on `tuning`, the same layer
@@ -248,7 +251,7 @@ class Autotuner:
                 if best is None or us < best[0]:
                     self.by_layout[spec.name][config["layout"]] = (us, name, config)
         us, name, config = min(timed, key=lambda t: t[0])
-        return Choice(name, config, us, "timed", rejected)
+        return Choice(name, config, us, "timed", rejected, [(f"{n}{c or ''}", t) for t, n, c in sorted(timed, key=lambda t: t[0])])
 
 
 def at_shapes(spec: LayerSpec, layer, shapes: dict[str, tuple] | None) -> LayerSpec | None:
