@@ -131,3 +131,13 @@ def test_tma_gemm_residual_loaded_early_or_late_is_bit_exact(early):
     want = int8_gemm.matmul(a, w.t(), scale, bias, **kw)
     cfg = int8_gemm_tma.configs(40, 48, 64, 227 * 1024)[0]
     assert torch.equal(int8_gemm_tma.matmul(a, w, scale, bias, config=cfg, res_early=early, **kw), want)
+
+
+def test_tma_gemm_short_reductions_try_two_stage_tiles_first():
+    """The default opt level times the first two tiles: for K ≤ SHORT_K those are two-stage tiles (faster at
+    ResNet-50's 64-channel 1x1 convs), for longer K the deeper pipelines."""
+    from kiln.kernels import int8_gemm_tma
+    short = int8_gemm_tma.configs(200704, 256, 64, 227 * 1024)
+    long = int8_gemm_tma.configs(200704, 64, 256, 227 * 1024)
+    assert [c["num_stages"] for c in short[:2]] == [2, 2] and any(c["num_stages"] > 2 for c in short)
+    assert all(c["num_stages"] > 2 for c in long)

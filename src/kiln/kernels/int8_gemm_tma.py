@@ -78,8 +78,8 @@ def _dense(t: torch.Tensor | None) -> bool:
 
 
 def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
-    """Tiles that fit `smem` (num_stages A and W tiles plus the output tile) and do not dwarf the problem; the
-    smallest tile always."""
+    """Tiles that fit `smem` (num_stages A and W tiles plus the output tile) and do not dwarf the problem, the
+    smallest tile always; for K ≤ SHORT_K the two-stage tiles lead."""
     out = []
     for t in _SPACE:
         cfg = dict(zip(CONFIG_KEYS, t))
@@ -89,6 +89,8 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
             64, triton.next_power_of_2(n)) and cfg["BLOCK_M"] <= max(64, triton.next_power_of_2(m or 256))
         if need <= smem and (fits or t == _SMALLEST) and (cfg["num_stages"] > 2 or k <= SHORT_K):
             out.append(cfg)
+    if k <= SHORT_K:  # short reductions: the two-stage tiles first, so the default opt level times them (a
+        out.sort(key=lambda c: c["num_stages"] > 2)  # 39 µs against 74 µs at ResNet-50's 64→256 1x1 conv)
     return out
 
 

@@ -66,3 +66,17 @@ def weight(w: torch.Tensor, channels: int) -> torch.Tensor:
     out = torch.zeros((co, channels, *k2), dtype=torch.float32, device=w.device)
     out[:, :4 * c] = t
     return out.to(w.dtype)
+
+
+def rows(s: torch.Tensor, kw: int) -> torch.Tensor:
+    """S (from `space_to_depth`) seen as [N, kw·CS, HS, WS - kw + 1] whose channel b·CS + c at pixel j is S's
+    channel c at pixel j + b: the kw taps of a kernel row are one contiguous run of kw·CS bytes, so a KHxKW conv
+    of S is a KHx1 conv of this overlapping view (weight from `row_weight`) with kw·CS-long channel loads."""
+    n, cs, hs, ws = s.shape
+    return s.as_strided((n, kw * cs, hs, ws - kw + 1), (s.stride(0), 1, s.stride(2), cs))
+
+
+def row_weight(w: torch.Tensor) -> torch.Tensor:
+    """[CO, KW·C, KH, 1] for `rows`' view of a [CO, C, KH, KW] weight: channel b·C + c holds tap (a, b)'s c."""
+    co, c, kh, kw = w.shape
+    return w.permute(0, 3, 1, 2).reshape(co, kw * c, kh, 1)

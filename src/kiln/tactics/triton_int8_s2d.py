@@ -1,14 +1,14 @@
 """Stride-2 QuantConv with few input channels (ResNet's 7x7 stem on 3) as space-to-depth + a stride-1 conv on 16
-channels (kernels/space_to_depth.py): the image's quantized pixels are regrouped once, then either the
-pointer-fed implicit-GEMM conv (kernels/int8_conv.py, contiguous 16-byte rows) or, on Hopper, the TMA conv
-(kernels/int8_conv_tma.py) runs the ⌈K/2⌉x⌈K/2⌉ conv; the config's "conv" says which. The same integer sums as
-the stride-2 conv, so the same bits; the autotuner keeps it only where it is faster.
+channels (kernels/space_to_depth.py): the image's quantized pixels are regrouped once, then the implicit-GEMM
+conv (kernels/int8_conv.py) runs the ⌈K/2⌉x⌈K/2⌉ conv as a ⌈K/2⌉x1 conv of S's overlapping row view, each
+kernel row one contiguous 64-byte load per pixel. The same integer sums as the stride-2 conv, so the same bits;
+the autotuner keeps it only where it is faster.
 
 triton_int8_conv_s2d runs int8 layers, triton_fp8_conv_s2d fp8 e4m3 ones."""
 
 from __future__ import annotations
 
-from kiln.kernels import int8_conv, int8_conv_tma, space_to_depth
+from kiln.kernels import int8_conv, space_to_depth
 from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import FP8, INT8
@@ -18,7 +18,6 @@ from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_gemm import _epilogue
-from kiln.tactics.triton_int8_tma import _device_reason
 
 CHANNELS = 16  # S's channels: 4·C ≤ 16, and 16 bytes make a TMA row
 
@@ -47,14 +46,10 @@ def _supports_fp8(spec: LayerSpec, device) -> str | None:
 
 
 def _configs(spec: LayerSpec, device, level: int):
-    out, co = spec.outputs[0].shape, spec.inputs[1].const.shape[0]
+    out, (co, _, _, kw) = spec.outputs[0].shape, spec.inputs[1].const.shape
     m = out[0] * out[2] * out[3] if isinstance(out[0], int) else None
-    cfgs = [{"layout": "nhwc", "conv": "pointer", **c}
-            for c in int8_conv.configs(m, co, CHANNELS, smem_limit(device), level)]
-    if not _device_reason(device):  # TMA: Hopper, or the CPU interpreter
-        cfgs += [{"layout": "nhwc", "conv": "tma", **c}
-                 for c in int8_conv_tma.configs(out[2], out[3], co, CHANNELS, smem_limit(device))]
-    return cfgs
+    row = (kw + 1) // 2 * CHANNELS  # the view's channels: one kernel row of S
+    return [{"layout": "nhwc", **c} for c in int8_conv.configs(m, co, row, smem_limit(device), level)]
 
 
 def _compile(spec: LayerSpec, config, device):
@@ -62,20 +57,17 @@ def _compile(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     w = spec.inputs[1].const
     k2, size = space_to_depth.geometry(tuple(w.shape[2:]), tuple(spec.outputs[0].shape[2:]))
-    packed = int8_conv.pack_weight(space_to_depth.weight(w, CHANNELS))
+    packed = int8_conv.pack_weight(space_to_depth.row_weight(space_to_depth.weight(w, CHANNELS)))
     pads = resolve_pads(tuple(spec.inputs[0].shape[2:]), a)[:2]
     act, act_alpha, act_beta = _epilogue(a)
     has_residual = int8_lowering.has_residual(spec)
-    tma = config["conv"] == "tma"
-    conv = int8_conv_tma.conv2d if tma else int8_conv.conv2d
-    keys = int8_conv_tma.CONFIG_KEYS if tma else int8_conv.CONFIG_KEYS
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=act, act_alpha=act_alpha,
-              act_beta=act_beta, out_dtype=float_out(a), config={k: config[k] for k in keys})
+              act_beta=act_beta, out_dtype=float_out(a), config={k: config[k] for k in int8_conv.CONFIG_KEYS})
 
     def run(inputs, out=None):
-        s = space_to_depth.space_to_depth(inputs[0], pads, size, CHANNELS)
-        return [conv(s, packed, form.scale, k2, (1, 1), [0, 0, 0, 0], (1, 1), form.bias,
-                     inputs[4] if has_residual else None, out=first(out), **kw)]
+        s = space_to_depth.rows(space_to_depth.space_to_depth(inputs[0], pads, size, CHANNELS), k2[1])
+        return [int8_conv.conv2d(s, packed, form.scale, (k2[0], 1), (1, 1), [0, 0, 0, 0], (1, 1), form.bias,
+                                 inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run
 
