@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="64,1")
     p.add_argument("--precisions", default="int8,fp16", help="comma-separated: int8, fp8, fp16 (e.g. int8,fp8)")
     p.add_argument("--peers", default="eager,reduce-overhead")
-    p.add_argument("--opt-level", type=int, default=2)
+    p.add_argument("--opt-level", type=int, default=3, help="kiln's default (3)")
     p.add_argument("--calibrator", default="entropy")
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--profile", action="store_true", help="also time each layer of the quantized engines")

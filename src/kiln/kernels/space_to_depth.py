@@ -17,23 +17,23 @@ import triton.language as tl
 
 from kiln.kernels.int8_gemm import load_operand
 
-BLOCK = 1024
+BLOCK_J = 64  # S pixels per program, each a row of `channels` bytes: no per-element index division
 
 
 @triton.jit
-def _s2d_kernel(x, s, total, C, H, W, HS, WS, CS, pt, pl, s_xn, s_xc, s_xh, s_xw, FP8: tl.constexpr,
-                BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # NHWC order of S
-    inside = offs < total
-    ch = (offs % CS).to(tl.int32)
-    j = ((offs // CS) % WS).to(tl.int32)
-    i = ((offs // (CS * WS)) % HS).to(tl.int32)
-    n = offs // (CS * WS * HS)
+def _s2d_kernel(x, s, C, H, W, HS, WS, pt, pl, s_xn, s_xc, s_xh, s_xw, FP8: tl.constexpr, CS: tl.constexpr,
+                BLOCK_J: tl.constexpr):
+    row = tl.program_id(0)  # n·HS + i: one row of S
+    n, i = row // HS, row % HS
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    ch = tl.arange(0, CS)
     c, d = ch % C, ch // C
-    ih, iw = 2 * i + d // 2 - pt, 2 * j + d % 2 - pl
-    ok = inside & (d < 4) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    v = load_operand(x + n * s_xn + c * s_xc + ih * s_xh + iw * s_xw, ok, FP8)
-    tl.store(s + offs, v, mask=inside)
+    ih = 2 * i + d // 2 - pt
+    iw = 2 * j[:, None] + (d % 2)[None, :] - pl
+    ok = (j < WS)[:, None] & ((d < 4) & (ih >= 0) & (ih < H))[None, :] & (iw >= 0) & (iw < W)
+    src = x + n.to(tl.int64) * s_xn + (c * s_xc + ih * s_xh)[None, :] + iw * s_xw
+    v = load_operand(src, ok, FP8)
+    tl.store(s + row.to(tl.int64) * WS * CS + j[:, None] * CS + ch[None, :], v, mask=(j < WS)[:, None])
 
 
 def geometry(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -47,11 +47,13 @@ def space_to_depth(x: torch.Tensor, pads: tuple[int, int], size: tuple[int, int]
     `channels` ≥ 4·C channels, as an NCHW-shaped channels_last tensor."""
     n, c, h, w = x.shape
     hs, ws = size
+    if channels & (channels - 1) or channels < 4 * c:
+        raise ValueError(f"channels must be a power of two ≥ 4·C = {4 * c}, got {channels}")
     s = torch.empty((n, channels, hs, ws), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    total = s.numel()
-    if total:
-        _s2d_kernel[(triton.cdiv(total, BLOCK),)](x, s, total, c, h, w, hs, ws, channels, pads[0], pads[1],
-                                                  *x.stride(), FP8=x.dtype == torch.float8_e4m3fn, BLOCK=BLOCK)
+    if s.numel():
+        _s2d_kernel[(n * hs, triton.cdiv(ws, BLOCK_J))](x, s, c, h, w, hs, ws, pads[0], pads[1], *x.stride(),
+                                                        FP8=x.dtype == torch.float8_e4m3fn, CS=channels,
+                                                        BLOCK_J=BLOCK_J)
     return s
 
 

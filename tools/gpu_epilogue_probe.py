@@ -1,0 +1,63 @@
+"""On an H100: why ResNet-50's 64→256 1x1 convs (M = 200704) take 40-75 µs depending on the layer — the TMA
+int8 GEMM timed as the autotuner times it, one factor changed at a time: the activation, the output scale
+(values inside int8 or saturated), the operands' data (uniform, mostly zero), and the weight scale. Writes JSON.
+
+    PYTHONPATH=src python tools/gpu_epilogue_probe.py --out probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from kiln.builder.autotune import _time  # noqa: E402
+from kiln.kernels import int8_gemm_tma  # noqa: E402
+
+M, K, N = 64 * 56 * 56, 64, 256
+CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="epilogue-probe.json")
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    uniform = torch.randint(-127, 128, (M, K), device="cuda", dtype=torch.int8, generator=g)
+    sparse = torch.where(torch.rand(M, K, device="cuda", generator=g) < 0.5, 0, uniform)
+    w = torch.randint(-127, 128, (N, K), device="cuda", dtype=torch.int8, generator=g)
+    bias = torch.randn(N, device="cuda", generator=g)
+    res = torch.randint(-127, 128, (M, N), device="cuda", dtype=torch.int8, generator=g)
+    rows = []
+    cases = {  # label: (a, weight scale, out_scale, activation, residual)
+        "relu, in range": (uniform, 1e-4, 0.05, "relu", None),
+        "none, in range": (uniform, 1e-4, 0.05, "none", None),
+        "none, saturated": (uniform, 1e-1, 0.05, "none", None),
+        "relu, saturated": (uniform, 1e-1, 0.05, "relu", None),
+        "none, tiny (zeros)": (uniform, 1e-9, 0.05, "none", None),
+        "none, sparse a": (sparse, 1e-4, 0.05, "none", None),
+        "relu, residual, in range": (uniform, 1e-4, 0.05, "relu", res),
+        "relu, residual, saturated": (uniform, 1e-1, 0.05, "relu", res),
+    }
+    for label, (a, ws, out_scale, act, r) in cases.items():
+        scale = torch.full((N,), ws, device="cuda")
+        kw = dict(out_scale=out_scale, activation=act, config=CONFIG)
+        if r is not None:
+            kw |= dict(residual=r, res_scale=0.01)
+        out = int8_gemm_tma.matmul(a, w, scale, bias, **kw)
+        us = _time(lambda _: int8_gemm_tma.matmul(a, w, scale, bias, **kw), None, 20)
+        row = {"case": label, "us": us, "out_zero": (out == 0).float().mean().item(),
+               "out_saturated": (out.abs() == 127).float().mean().item()}
+        rows.append(row)
+        print(f"{label:28} {us:7.1f} µs  zeros {row['out_zero']:.2f}  saturated {row['out_saturated']:.2f}",
+              flush=True)
+    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                          "M": M, "K": K, "N": N, "config": CONFIG, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
