@@ -315,6 +315,10 @@ if cc >= 90:  # the TMA-fed GEMM: int8 with an int8 residual, requantized
                   "RES_EARLY": early, "REQUANT": True, "ACT": "relu", "FP8": False, "BLOCK_M": 128,
                   "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, cc)
         assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor" in k.asm["ptx"]
+    k = build(int8_gemm_tma._tma_gemm_persistent_kernel, tma, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
+              "RES_EARLY": True, "REQUANT": True, "ACT": "relu", "FP8": False, "BLOCK_M": 128, "BLOCK_N": 128,
+              "BLOCK_K": 64, "GROUP_M": 8}, cc)  # persistent: programs loop over tiles
+    assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor" in k.asm["ptx"]
     ct = {"x_desc": "tensordesc<i8[1,8,16,64]>", "w_desc": "tensordesc<i8[64,64]>", "scale": "*fp32",
           "bias": "*fp32", "res": "*i8", "y": "*i8"}  # the TMA conv: 4-D input boxes
     ct |= {k: "i32" for k in "OH OW CO C KW ph pw dh dw".split()}

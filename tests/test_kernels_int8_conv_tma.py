@@ -137,7 +137,26 @@ def test_tma_gemm_short_reductions_try_two_stage_tiles_first():
     """The default opt level times the first two tiles: for K ≤ SHORT_K those are two-stage tiles (faster at
     ResNet-50's 64-channel 1x1 convs), for longer K the deeper pipelines."""
     from kiln.kernels import int8_gemm_tma
-    short = int8_gemm_tma.configs(200704, 256, 64, 227 * 1024)
-    long = int8_gemm_tma.configs(200704, 64, 256, 227 * 1024)
+    short = [c for c in int8_gemm_tma.configs(200704, 256, 64, 227 * 1024) if not c.get("persistent")]
+    long = int8_gemm_tma.configs(200704, 64, 512, 227 * 1024)
     assert [c["num_stages"] for c in short[:2]] == [2, 2] and any(c["num_stages"] > 2 for c in short)
-    assert all(c["num_stages"] > 2 for c in long)
+    assert all(c["num_stages"] > 2 for c in long) and not any(c.get("persistent") for c in long)
+
+
+@pytest.mark.parametrize("res", [False, True])
+def test_persistent_tma_gemm_is_bit_exact_and_leads_for_memory_bound_shapes(res):
+    """The persistent TMA GEMM (programs loop over tiles; 4 programs on the CPU, so each takes several) gives the
+    pointer GEMM's bits, with and without an int8 residual; it is tried first where K ≤ PERSISTENT_K."""
+    from kiln.kernels import int8_gemm, int8_gemm_tma
+    g = torch.Generator().manual_seed(11)
+    m, n, k = 300, 80, 64
+    a, w = (torch.randint(-100, 100, s, generator=g, dtype=torch.int8) for s in ((m, k), (n, k)))
+    scale, bias = torch.rand(n, generator=g) * 1e-3, torch.randn(n, generator=g)
+    kw = dict(out_scale=0.05, activation="relu")
+    if res:
+        kw |= dict(residual=torch.randint(-100, 100, (m, n), generator=g, dtype=torch.int8), res_scale=0.01)
+    want = int8_gemm.matmul(a, w.t(), scale, bias, **kw)
+    cfgs = int8_gemm_tma.configs(m, n, k, 227 * 1024)
+    assert cfgs[0].get("persistent")
+    cfg = dict(cfgs[0], BLOCK_M=64, BLOCK_N=64)  # 5 × 2 tiles over 4 programs
+    assert torch.equal(int8_gemm_tma.matmul(a, w, scale, bias, config=cfg, **kw), want)

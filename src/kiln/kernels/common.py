@@ -54,10 +54,11 @@ def pow2(n: int, lo: int, hi: int) -> int:
 
 
 @triton.jit
-def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of this program's GEMM tile, programs ordered in GROUP_M-row bands so that neighbours
-    share rows of A and columns of W in L2."""
-    pid = tl.program_id(0)
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, pid=None):
+    """(pid_m, pid_n) of GEMM tile `pid` (this program's by default), tiles ordered in GROUP_M-row bands so that
+    neighbours share rows of A and columns of W in L2."""
+    if pid is None:
+        pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
     first_m = (pid // per_group) * GROUP_M

@@ -8,6 +8,8 @@ boundaries; a call whose tensors are not so runs kernels/int8_gemm.py with the s
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -34,16 +36,19 @@ _SPACE = [(128, 128, 64, 8, 4, 5), (64, 128, 128, 8, 4, 4), (128, 64, 64, 8, 4, 
           (256, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 4), (64, 64, 128, 8, 4, 4), _SMALLEST,
           (128, 128, 64, 8, 4, 2), (128, 256, 64, 8, 8, 2), (256, 128, 64, 8, 8, 2), (128, 64, 64, 8, 4, 2)]
 SHORT_K = 128  # reductions this short also try the two-stage tiles
+# persistent tiles (programs loop over tiles, next loads under this epilogue), tried first where the layer is
+# memory-bound: K ≤ PERSISTENT_K (ResNet's 64-256-channel 1x1 convs, whose M·N output dwarfs the reduction)
+_PERSISTENT = [(128, 128, 64, 8, 4, 3), (128, 64, 64, 8, 4, 4)]
+PERSISTENT_K = 256
+PROGRAMS_PER_SM = 2
 
 
 @triton.jit
-def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale, act_alpha,
-                     act_beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr,
-                     RES_EARLY: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
+def _tile(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale, act_alpha, act_beta,
+          off_m, off_n, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr,
+          RES_EARLY: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One output tile: the reduction over K, the quantized epilogue, the TMA store."""
     rn = off_n + tl.arange(0, BLOCK_N)
     if HAS_RES and RES_EARLY:  # the residual's loads issued before the reduction, so they land while it runs
         rm = off_m + tl.arange(0, BLOCK_M)
@@ -71,6 +76,33 @@ def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, 
     c_desc.store([off_m, off_n], v.to(c_desc.dtype))
 
 
+@triton.jit
+def _tma_gemm_kernel(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale, act_alpha,
+                     act_beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr,
+                     RES_EARLY: tl.constexpr, REQUANT: tl.constexpr, ACT: tl.constexpr, FP8: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    _tile(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale, act_alpha, act_beta,
+          pid_m * BLOCK_M, pid_n * BLOCK_N, HAS_BIAS, HAS_RES, RES_Q, RES_EARLY, REQUANT, ACT, FP8, BLOCK_M, BLOCK_N,
+          BLOCK_K)
+
+
+@triton.jit
+def _tma_gemm_persistent_kernel(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale,
+                                act_alpha, act_beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                                RES_Q: tl.constexpr, RES_EARLY: tl.constexpr, REQUANT: tl.constexpr,
+                                ACT: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The same tiles, each program looping over every num_programs-th one: the flattened loop lets the next
+    tile's loads run under this tile's epilogue and store (memory-bound layers: short K, big M·N)."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M, tile)
+        _tile(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale, act_alpha,
+              act_beta, pid_m * BLOCK_M, pid_n * BLOCK_N, HAS_BIAS, HAS_RES, RES_Q, RES_EARLY, REQUANT, ACT, FP8,
+              BLOCK_M, BLOCK_N, BLOCK_K)
+
+
 def _dense(t: torch.Tensor | None) -> bool:
     """Whether TMA can address `t`: row-major 2-D, rows and base on 16-byte boundaries."""
     return t is None or (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
@@ -79,7 +111,8 @@ def _dense(t: torch.Tensor | None) -> bool:
 
 def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
     """Tiles that fit `smem` (num_stages A and W tiles plus the output tile) and do not dwarf the problem, the
-    smallest tile always; for K ≤ SHORT_K the two-stage tiles lead."""
+    smallest tile always; for K ≤ SHORT_K the two-stage tiles lead, for K ≤ PERSISTENT_K the persistent ones
+    before them."""
     out = []
     for t in _SPACE:
         cfg = dict(zip(CONFIG_KEYS, t))
@@ -91,7 +124,17 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
             out.append(cfg)
     if k <= SHORT_K:  # short reductions: the two-stage tiles first, so the default opt level times them (a
         out.sort(key=lambda c: c["num_stages"] > 2)  # 39 µs against 74 µs at ResNet-50's 64→256 1x1 conv)
+    if k <= PERSISTENT_K:
+        out = [dict(zip(CONFIG_KEYS, t), persistent=True) for t in _PERSISTENT] + out
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(device: torch.device) -> int:
+    """How many programs a persistent launch runs: PROGRAMS_PER_SM per multiprocessor (4 on the CPU)."""
+    if device.type != "cuda":
+        return 4
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -118,14 +161,17 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         return c
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     r = residual if residual is not None else c
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _tma_gemm_kernel[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
-                           TensorDescriptor.from_tensor(c, [bm, bn]), TensorDescriptor.from_tensor(r, [bm, bn]),
-                           r, r.stride(0), scale, bias if bias is not None else scale, m, n, k, inv_scale(out_scale) if out_scale is not None else 1.0,
-                           float(res_scale or 1.0), float(act_alpha), float(act_beta), HAS_BIAS=bias is not None,
-                           HAS_RES=residual is not None, RES_Q=res_scale is not None, RES_EARLY=res_early,
-                           REQUANT=out_scale is not None,
-                           ACT=activation, FP8=a.dtype == torch.float8_e4m3fn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                           GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
-                           num_stages=config["num_stages"], enable_fp_fusion=False)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    persistent = config.get("persistent", False)
+    kernel = _tma_gemm_persistent_kernel if persistent else _tma_gemm_kernel
+    grid = (min(tiles, _programs(a.device)) if persistent else tiles,)
+    kernel[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+                 TensorDescriptor.from_tensor(c, [bm, bn]), TensorDescriptor.from_tensor(r, [bm, bn]), r, r.stride(0),
+                 scale, bias if bias is not None else scale, m, n, k,
+                 inv_scale(out_scale) if out_scale is not None else 1.0, float(res_scale or 1.0), float(act_alpha),
+                 float(act_beta), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                 RES_Q=res_scale is not None, RES_EARLY=res_early or persistent, REQUANT=out_scale is not None,
+                 ACT=activation, FP8=a.dtype == torch.float8_e4m3fn, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                 GROUP_M=config["GROUP_M"], num_warps=config["num_warps"], num_stages=config["num_stages"],
+                 enable_fp_fusion=False)
     return c
