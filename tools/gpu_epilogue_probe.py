@@ -1,6 +1,7 @@
 """On an H100: why ResNet-50's 64→256 1x1 convs (M = 200704) take 40-75 µs depending on the layer — the TMA
 int8 GEMM timed as the autotuner times it, one factor changed at a time: the activation, the output scale
-(values inside int8 or saturated), the operands' data (uniform, mostly zero), and the weight scale. Writes JSON.
+(values inside int8 or saturated), the operands' data (uniform, mostly zero), and the weight scale. Then what
+the epilogue's activation costs at BERT-base b64's FFN1 (M 8192, K 768, N 3072). Writes JSON.
 
     PYTHONPATH=src python tools/gpu_epilogue_probe.py --out probe.json
 """
@@ -20,6 +21,8 @@ from kiln.kernels import int8_gemm_tma  # noqa: E402
 
 M, K, N = 64 * 56 * 56, 64, 256
 CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}
+FFN_CONFIGS = [{"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
+               {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4}]
 
 
 def main() -> None:
@@ -55,8 +58,20 @@ def main() -> None:
         rows.append(row)
         print(f"{label:28} {us:7.1f} µs  zeros {row['out_zero']:.2f}  saturated {row['out_saturated']:.2f}",
               flush=True)
+    ffn = []
+    m, k, n = 8192, 768, 3072
+    a = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+    scale, bias = torch.full((n,), 1e-4, device="cuda"), torch.randn(n, device="cuda", generator=g)
+    for act in ("none", "relu", "gelu_erf", "gelu_tanh"):
+        for cfg in FFN_CONFIGS:
+            kw = dict(out_scale=0.05, activation=act, config=cfg)
+            us = _time(lambda _: int8_gemm_tma.matmul(a, w, scale, bias, **kw), None, 20)
+            ffn.append({"activation": act, "config": cfg, "us": us})
+            print(f"bert ffn1 {act:10} {us:7.1f} µs  {cfg}", flush=True)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                          "M": M, "K": K, "N": N, "config": CONFIG, "rows": rows}, indent=1))
+                                          "M": M, "K": K, "N": N, "config": CONFIG, "rows": rows,
+                                          "bert_ffn1": ffn}, indent=1))
 
 
 if __name__ == "__main__":
