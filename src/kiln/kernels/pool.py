@@ -1,6 +1,6 @@
 """2-D max pooling of any float, int8 or fp8 (e4m3) tensor in one pass: each program takes a block of output
-pixels × a block of channels and keeps the running maximum over the window's taps, in int8 for int8 and in fp32
-(exact for every float type) otherwise; taps in the padding read as -128 or -inf. Reads any strides, writes the input's memory format: on channels_last
+pixels × a block of channels and keeps the running maximum over the window's taps in fp32 (exact for every input
+type); taps in the padding read as -inf. Reads any strides, writes the input's memory format: on channels_last
 (NHWC) memory each tap is one contiguous channel run per pixel.
 
 Max pooling commutes with quantization (rounding and a positive scale are monotonic), so an int8 engine pools
@@ -16,34 +16,26 @@ import triton.language as tl
 from kiln.kernels.out_buffer import take
 
 CONFIGS = [{"BLOCK_P": 64, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 128, "BLOCK_C": 64, "num_warps": 8},
-           {"BLOCK_P": 32, "BLOCK_C": 128, "num_warps": 4}, {"BLOCK_P": 256, "BLOCK_C": 32, "num_warps": 8},
-           {"BLOCK_P": 128, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 256, "BLOCK_C": 64, "num_warps": 8}]
+           {"BLOCK_P": 32, "BLOCK_C": 128, "num_warps": 4}, {"BLOCK_P": 256, "BLOCK_C": 32, "num_warps": 8}]
 
 
 @triton.jit
 def _max_pool_kernel(x, y, N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, s_xn, s_xc, s_xh, s_xw, s_yn, s_yc,
-                     s_yh, s_yw, INT8: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                     s_yh, s_yw, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     rp = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     n, oh, ow = rp // (OH * OW), (rp // OW) % OH, rp % OW
     p_ok, c_ok = rp < N * OH * OW, rc < C
-    if INT8:  # int8 stays int8: -128 is below every value a tap can hold, as -inf is for floats
-        acc = tl.full((BLOCK_P, BLOCK_C), -128, tl.int8)
-    else:
-        acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
+    acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
     for tap in range(0, KH * KW):
         ih = oh * sh - ph + (tap // KW) * dh
         iw = ow * sw - pw + (tap % KW) * dw
         ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         mask = ok[:, None] & c_ok[None, :]
-        ptrs = x + (n.to(tl.int64) * s_xn + ih * s_xh + iw * s_xw)[:, None] + rc[None, :] * s_xc
-        if INT8:
-            acc = tl.maximum(acc, tl.load(ptrs, mask=mask, other=-128))
-        else:
-            acc = tl.maximum(acc, tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float32), float("-inf")))
+        v = tl.load(x + (n.to(tl.int64) * s_xn + ih * s_xh + iw * s_xw)[:, None] + rc[None, :] * s_xc, mask=mask)
+        acc = tl.maximum(acc, tl.where(mask, v.to(tl.float32), float("-inf")))
     inside = p_ok[:, None] & c_ok[None, :]
-    if not INT8:
-        acc = tl.where(inside, acc, 0.0)  # lanes outside the output hold -inf, which has no value in every type
+    acc = tl.where(inside, acc, 0.0)  # lanes outside the output hold -inf, which has no int8 value
     tl.store(y + (n.to(tl.int64) * s_yn + oh * s_yh + ow * s_yw)[:, None] + rc[None, :] * s_yc,
              acc.to(y.dtype.element_ty), mask=inside)
 
@@ -59,6 +51,6 @@ def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[
     if y.numel():
         grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_P"]), triton.cdiv(c, cfg["BLOCK_C"]))
         _max_pool_kernel[grid](x, y, n, c, h, w, oh, ow, *kernel, *strides, *pads, *dilations, *x.stride(),
-                               *y.stride(), INT8=x.dtype == torch.int8, BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
+                               *y.stride(), BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
                                num_warps=cfg["num_warps"])
     return y
