@@ -16,6 +16,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     triton_int8_conv,
     triton_int8_s2d,
     triton_int8_tma,
+    triton_int8_wgmma,
     triton_norm,
     triton_pointwise,
     triton_pool,

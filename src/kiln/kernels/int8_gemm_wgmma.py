@@ -1,0 +1,146 @@
+"""int8 GEMM for Hopper written in Gluon, so that one wgmma stays in flight while the next is issued: Triton's
+pipeliner keeps a wgmma asynchronous only when its accumulator is fp32, so every int8 `tl.dot` waits for its
+own completion (kernels/int8_gemm_tma.py runs at about a quarter of int8 peak for that reason). Here the loop
+issues wgmma k, waits until at most one is pending (wgmma k-1 done), and refills k-1's shared-memory slot by TMA.
+
+Same arithmetic as kernels/int8_gemm.epilogue for the cases it takes: fp32(acc)·scale[n] + bias[n] (+ an int8
+residual times res_scale), ReLU or none, requantized to int8 (v·out_inv clamped to ±127, rounded half to even
+by the 1.5·2²³ add). Needs triton's Gluon (3.6+) and compute capability 9.0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+try:  # Gluon is experimental: without it (or on an older triton) the tactic refuses
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # the TMA copies' names: triton 3.6 (the GPU machine's) and later releases differ
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+except ImportError:  # pragma: no cover
+    gluon = None
+
+from kiln.kernels.int8_gemm import MAGIC_BITS, ROUND_MAGIC
+from kiln.kernels.out_buffer import take
+from kiln.kinds.quantized import inv_scale
+
+ACTIVATIONS = ("none", "relu")
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
+_SPACE = [(128, 128, 64, 4, 4), (128, 64, 64, 5, 4), (256, 128, 64, 3, 8), (64, 128, 128, 4, 4),
+          (128, 128, 128, 3, 8), (64, 64, 64, 4, 4)]  # the last fits a block's default 48 KiB
+
+
+def available() -> bool:
+    return gluon is not None
+
+
+if gluon is not None:
+    @gluon.jit
+    def _wgmma_gemm_kernel(a_desc, w_desc, c_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale,
+                           HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
+                           STAGES: gl.constexpr):
+        BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        off_m = (gl.program_id(0) % tiles_m) * BLOCK_M
+        off_n = (gl.program_id(0) // tiles_m) * BLOCK_N
+
+        a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+        w_s = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        nbytes: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K
+        k_tiles = gl.cdiv(K, BLOCK_K)
+        for i in gl.static_range(STAGES - 1):  # the first STAGES - 1 tiles in flight
+            mbarrier.expect(ready.index(i), nbytes, pred=i < k_tiles)
+            _tma_load(a_desc, [off_m, i * BLOCK_K], ready.index(i), a_s.index(i),
+                                            pred=i < k_tiles)
+            _tma_load(w_desc, [off_n, i * BLOCK_K], ready.index(i), w_s.index(i),
+                                            pred=i < k_tiles)
+
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, BLOCK_N, 32])
+        acc = gl.zeros((BLOCK_M, BLOCK_N), gl.int32, layout=mma)
+        for kb in range(k_tiles):
+            s = kb % STAGES
+            mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
+            acc = warpgroup_mma(a_s.index(s), w_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_s.index(s), w_s.index(s)))
+            nk = kb + STAGES - 1  # wgmma kb-1 is done: its slot takes tile kb + STAGES - 1
+            ns = nk % STAGES
+            mbarrier.expect(ready.index(ns), nbytes, pred=nk < k_tiles)
+            _tma_load(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_s.index(ns),
+                                            pred=nk < k_tiles)
+            _tma_load(w_desc, [off_n, nk * BLOCK_K], ready.index(ns), w_s.index(ns),
+                                            pred=nk < k_tiles)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+
+        rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        n_ok = rn < N
+        v = acc.to(gl.float32) * gl.expand_dims(gl.load(scale + rn, mask=n_ok, other=0.0), 0)
+        if HAS_BIAS:
+            v += gl.expand_dims(gl.load(bias + rn, mask=n_ok, other=0.0), 0)
+        if HAS_RES:
+            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+            ptrs = res + gl.expand_dims(rm * s_rm, 1) + gl.expand_dims(rn, 0)
+            mask = gl.expand_dims(rm < M, 1) & gl.expand_dims(n_ok, 0)
+            v += gl.load(ptrs, mask=mask, other=0).to(gl.float32) * res_scale
+        if RELU:
+            v = gl.maximum(v, 0.0)
+        q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
+        q = (q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS
+        c_s = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+        c_s.store(q.to(gl.int8))
+        fence_async_shared()
+        _tma_store(c_desc, [off_m, off_n], c_s)
+        tma.store_wait(0)
+
+
+def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
+    """Tiles whose STAGES operand tiles and output tile fit `smem` and whose N does not dwarf the problem."""
+    out = []
+    for t in _SPACE:
+        cfg = dict(zip(CONFIG_KEYS, t))
+        need = cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] + cfg["BLOCK_M"] * cfg["BLOCK_N"]
+        if need <= smem and (cfg["BLOCK_N"] <= max(64, n) or t == _SPACE[0]):
+            out.append(cfg)
+    return out
+
+
+def _desc(t: torch.Tensor, block: list[int]):
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int8))
+
+
+def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, *, out_scale: float, res_scale: float | None = None,
+           activation: str = "none", config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int8 a [M, K] @ w [N, K]ᵀ (K contiguous, 16-byte rows) requantized to int8 at out_scale; `residual` is int8
+    [M, N] read with res_scale. ValueError for what it does not take (the tactic checks first)."""
+    if not available():
+        raise ValueError("this triton has no Gluon")
+    if activation not in ACTIVATIONS or a.dtype != torch.int8 or w.dtype != torch.int8:
+        raise ValueError("int8 operands and a none / relu activation only")
+    if residual is not None and (residual.dtype != torch.int8 or res_scale is None):
+        raise ValueError("the residual must be int8 with a res_scale")
+    (m, k), n = a.shape, w.shape[0]
+    c = take(out, (m, n), torch.int8, a.device)
+    if m == 0 or n == 0:
+        return c
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    r = residual if residual is not None else c
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _wgmma_gemm_kernel[grid](_desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), r, r.stride(0), scale,
+                             bias if bias is not None else scale, m, n, k, inv_scale(out_scale),
+                             float(res_scale or 1.0), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                             RELU=activation == "relu", STAGES=config["STAGES"], num_warps=config["num_warps"],
+                             enable_fp_fusion=False)  # products and sums rounded apart, as the reference
+    return c

@@ -1,0 +1,64 @@
+"""int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight
+(kernels/int8_gemm_wgmma.py), Hopper only: the layers whose epilogue it has (ReLU or none, requantized to int8,
+an int8 residual) and whose rows TMA can address (K and N multiples of 16). The autotuner times it against
+triton_int8_gemm_tma, whose int8 dots Triton cannot keep in flight."""
+
+from __future__ import annotations
+
+from kiln.kernels import int8_gemm_wgmma
+from kiln.kernels.common import smem_limit
+from kiln.kinds.qtype import INT8
+from kiln.tactics import int8_lowering
+from kiln.tactics.common import first
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_gemm import _epilogue
+from kiln.tactics.triton_int8 import _m, nhwc
+from kiln.tactics.triton_int8_tma import _device_reason
+
+
+def _reason(spec: LayerSpec) -> str | None:
+    a, w = spec.attrs, spec.inputs[1].const
+    if not int8_gemm_wgmma.available():
+        return "this triton has no Gluon"
+    if spec.kind == "QuantConv" and (w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or any(a.get("pads", [0]))
+                                     or tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1):
+        return "1x1, stride-1, unpadded convs only (their rows are a view)"
+    if _epilogue(a)[0] not in int8_gemm_wgmma.ACTIVATIONS:
+        return "ReLU or no activation only"
+    if a.get("out_scale") is None:
+        return "requantized int8 outputs only"
+    if int8_lowering.has_residual(spec) and a.get("res_scale") is None:
+        return "int8 residuals only"
+    if w.shape[0] % 16 or w[0].numel() % 16:
+        return "K and N must be multiples of 16 (TMA's 16-byte rows)"
+    return None
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    return int8_lowering.supports(spec, INT8) or _reason(spec) or _device_reason(device)
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    w = spec.inputs[1].const
+    return nhwc(spec, int8_gemm_wgmma.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device)))
+
+
+def _compile(spec: LayerSpec, config, device):
+    form = int8_lowering.gemm_form(spec)
+    a = spec.attrs
+    has_residual = int8_lowering.has_residual(spec)
+    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
+              config={k: config[k] for k in int8_gemm_wgmma.CONFIG_KEYS})
+
+    def run(inputs, out=None):
+        x = inputs[0]
+        res = form.res_rows(inputs[4]) if has_residual else None
+        return [form.back(int8_gemm_wgmma.matmul(form.rows(x), form.w, form.scale, form.bias, res, out=first(out),
+                                                 **kw), x)]
+
+    return run
+
+
+register(Tactic("triton_int8_gemm_wgmma", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=18,
+                arch_specific=True, writes_out=True))

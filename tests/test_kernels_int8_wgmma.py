@@ -1,0 +1,96 @@
+"""kernels/int8_gemm_wgmma.py (Gluon) and the triton_int8_gemm_wgmma tactic: what it takes and refuses, that it
+compiles for sm90 with one wgmma left in flight inside the loop (`wgmma.wait_group 1`, which Triton's own
+pipeliner never emits for int32 accumulators), and, on a Hopper GPU, the reference's bits."""
+
+import pytest
+import torch
+
+from kiln.builder.device import Device
+from kiln.kernels import int8_gemm, int8_gemm_wgmma
+from kiln.tactics import registry
+from test_kernels_int8 import EPI, _i8, _spec
+
+GPU_LIKE = Device("cuda", "test", "cuda")  # supports() reads the backend and capability; nothing touches a GPU
+needs_gluon = pytest.mark.skipif(not int8_gemm_wgmma.available(), reason="this triton has no Gluon")
+
+
+def _conv(g, k=1, strides=(1, 1), act="Relu", res_scale=0.02, c=32, co=48):
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [k, k], "pads": [k // 2] * 4,
+             "strides": list(strides), "x_scale": 0.1, "out_scale": 0.5, "res_scale": res_scale} | EPI | {
+        "activation": act}
+    x = _i8(g, 2, c, 6, 6).contiguous(memory_format=torch.channels_last)
+    inputs = [x, _i8(g, co, c, k, k), torch.rand(co, generator=g) * 1e-3 + 1e-4, torch.randn(co, generator=g)]
+    oh = (6 + 2 * (k // 2) - k) // strides[0] + 1
+    if res_scale is not None:
+        inputs.append(_i8(g, 2, co, oh, oh).contiguous(memory_format=torch.channels_last))
+    return _spec("QuantConv", attrs, inputs)
+
+
+@needs_gluon
+def test_wgmma_tactic_takes_1x1_relu_int8_convs_and_refuses_the_rest():
+    g = torch.Generator().manual_seed(0)
+    t = registry.get("triton_int8_gemm_wgmma")
+    assert t.supports(_conv(g)[0], GPU_LIKE) is None
+    assert t.supports(_conv(g, res_scale=None)[0], GPU_LIKE) is None
+    assert "1x1" in t.supports(_conv(g, k=3)[0], GPU_LIKE)
+    assert "1x1" in t.supports(_conv(g, strides=(2, 2))[0], GPU_LIKE)
+    assert "ReLU" in t.supports(_conv(g, act="Sigmoid")[0], GPU_LIKE)
+    assert "multiples of 16" in t.supports(_conv(g, c=24)[0], GPU_LIKE)
+    configs = t.configs(_conv(g)[0], GPU_LIKE, 3)
+    assert configs and all(c["layout"] == "nhwc" for c in configs)
+
+
+@needs_gluon
+@pytest.mark.parametrize("res", [False, True])
+def test_wgmma_gemm_compiles_for_hopper_with_one_wgmma_in_flight(res):
+    """AOT compile for sm90 (no GPU needed): the loop waits for all but one wgmma (`wait_group 1`)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc(block):
+        return f"tensordesc<i8[{block[0]},{block[1]}],{gl.NVMMASharedLayout.get_default_for(block, gl.int8)!r}>"
+
+    for cfg in int8_gemm_wgmma.configs(4096, 256, 256, 227 * 1024):
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        sig = {"a_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "c_desc": desc([bm, bn]), "res": "*i8",
+               "s_rm": "i32", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+               "out_inv": "fp32", "res_scale": "fp32"}
+        consts = {"HAS_BIAS": True, "HAS_RES": res, "RELU": True, "STAGES": cfg["STAGES"]}
+        k = triton.compile(GluonASTSource(int8_gemm_wgmma._wgmma_gemm_kernel, sig | dict.fromkeys(consts, "constexpr"),
+                                          consts), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})
+        ptx = k.asm["ptx"]
+        assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
+        assert "fma.rn.f32" not in ptx, cfg  # the epilogue rounds products and sums apart, as the reference
+
+
+def test_wgmma_configs_fit_shared_memory():
+    for cfg in int8_gemm_wgmma.configs(200704, 256, 64, 227 * 1024):
+        need = cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] + cfg["BLOCK_M"] * cfg["BLOCK_N"]
+        assert need <= 227 * 1024
+    assert all(c["BLOCK_N"] <= 64 for c in int8_gemm_wgmma.configs(200704, 64, 256, 227 * 1024)[1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("res", [False, True])
+def test_gpu_wgmma_gemm_is_bit_exact(res):
+    """Every tile, ragged M / N / K edges, with and without an int8 residual: the pointer GEMM's bits."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
+    if not int8_gemm_wgmma.available():
+        pytest.skip("this triton has no Gluon")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    m, n, k = 1000, 208, 336
+    a = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+    scale = torch.rand(n, device="cuda", generator=g) * 1e-4
+    bias = torch.randn(n, device="cuda", generator=g)
+    kw = dict(out_scale=0.05, activation="relu")
+    if res:
+        kw |= dict(residual=torch.randint(-127, 128, (m, n), device="cuda", dtype=torch.int8, generator=g),
+                   res_scale=0.01)
+    want = int8_gemm.matmul(a, w.t(), scale, bias, **kw)
+    for cfg in int8_gemm_wgmma.configs(m, n, k, 227 * 1024):
+        assert torch.equal(int8_gemm_wgmma.matmul(a, w, scale, bias, config=cfg, **kw), want), cfg
