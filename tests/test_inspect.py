@@ -76,7 +76,9 @@ def test_onnx_with_an_unknown_op_says_why_there_are_no_fusions(tmp_path):
 def fp16_plan(tmp_path):
     """The chain model built fp16 on the CPU, one layer given a made-up tuned tactic (as a GPU build records)."""
     engine = kiln.build(chain_model(tmp_path / "chain.onnx"), kiln.BuildConfig(device="cpu", fp16=True))
-    engine.tactics["mm1"] = Choice("torch.fused_gemm", {"layout": "nhwc", "block": 64}, 12.5, "timed")
+    engine.tactics["mm1"] = Choice("torch.fused_gemm", {"layout": "nhwc", "block": 64}, 12.5, "timed",
+                                   [("triton_x{}", "failed: out of resources")],
+                                   [("torch.fused_gemm{'layout': 'nhwc', 'block': 64}", 12.5), ("triton_gemm{}", 20.25)])
     return engine.save(tmp_path / "chain.plan")
 
 
@@ -86,12 +88,14 @@ def test_plan_layers_show_tactic_config_and_format(fp16_plan):
     mm1 = rows["mm1"]
     assert mm1["tactic"] == "torch.fused_gemm" and mm1["tactic_config"] == {"layout": "nhwc", "block": 64}
     assert mm1["format"] == "NHWC" and mm1["tactic_us"] == 12.5 and mm1["tactic_source"] == "timed"
+    assert mm1["tactic_timed"][1] == ["triton_gemm{}", 20.25] and mm1["tactic_rejected"][0][0] == "triton_x{}"
     assert mm1["precision"] == "float16" and mm1["origin"] == ["mm1", "relu"]
     assert mm1["weight_bytes"] == 8 * 8 * 2  # w1 in fp16
     assert rows["mm2"]["tactic"] == "reference" and rows["mm2"]["format"] == "linear"
     text = invoke("inspect", fp16_plan)
     assert text.exit_code == 0
-    for words in ("torch.fused_gemm", "layout=nhwc", "block=64", "weights float16", "workspace"):
+    for words in ("torch.fused_gemm", "layout=nhwc", "block=64", "weights float16", "workspace",
+                  "best of 2; next 20.2 µs triton_gemm"):
         assert words in text.stdout, words
 
 

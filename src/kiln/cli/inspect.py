@@ -55,6 +55,7 @@ def _layer(net: Network, index: int, layer: Layer, choice: dict) -> dict:
             "weight_bytes": sum(_bytes(net.constants[w]) for w in weights) + _bytes(list(layer.attrs.values())),
             "tactic": str(choice.get("tactic") or "reference"), "tactic_config": config,
             "tactic_source": choice.get("source"), "tactic_us": choice.get("microseconds"),
+            "tactic_timed": choice.get("timed") or [], "tactic_rejected": choice.get("rejected") or [],
             "format": _FORMATS.get(str(config.get("layout", "")).lower(), "linear")}
 
 
@@ -227,6 +228,9 @@ def _tactic(row: dict) -> str:
         lines += [f"{k}={v}" for k, v in row["tactic_config"].items()]
     if isinstance(row.get("tactic_us"), (int, float)):
         lines.append(f"{row['tactic_us']:.1f} µs ({row.get('tactic_source') or '-'})")
+    if len(row.get("tactic_timed") or []) > 1:  # the candidates the autotuner timed: the runner-up's cost
+        label, us = row["tactic_timed"][1]
+        lines.append(f"best of {len(row['tactic_timed'])}; next {us:.1f} µs {label.split('{')[0]}")
     return "\n".join(lines)
 
 
