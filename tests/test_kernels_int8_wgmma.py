@@ -34,7 +34,8 @@ def test_wgmma_tactic_takes_1x1_relu_int8_convs_and_refuses_the_rest():
     assert t.supports(_conv(g, res_scale=None)[0], GPU_LIKE) is None
     assert "1x1" in t.supports(_conv(g, k=3)[0], GPU_LIKE)
     assert "1x1" in t.supports(_conv(g, strides=(2, 2))[0], GPU_LIKE)
-    assert "ReLU" in t.supports(_conv(g, act="Sigmoid")[0], GPU_LIKE)
+    assert "activations" in t.supports(_conv(g, act="Sigmoid")[0], GPU_LIKE)
+    assert t.supports(_conv(g, act="Gelu")[0], GPU_LIKE) is None
     assert "multiples of 16" in t.supports(_conv(g, c=24)[0], GPU_LIKE)
     configs = t.configs(_conv(g)[0], GPU_LIKE, 3)
     assert configs and all(c["layout"] == "nhwc" for c in configs)
@@ -57,7 +58,7 @@ def test_wgmma_gemm_compiles_for_hopper_with_one_wgmma_in_flight(res):
         sig = {"a_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "c_desc": desc([bm, bn]), "res": "*i8",
                "s_rm": "i32", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32",
                "out_inv": "fp32", "res_scale": "fp32"}
-        consts = {"HAS_BIAS": True, "HAS_RES": res, "RELU": True, "STAGES": cfg["STAGES"]}
+        consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "gelu_erf" if res else "relu", "STAGES": cfg["STAGES"]}
         k = triton.compile(GluonASTSource(int8_gemm_wgmma._wgmma_gemm_kernel, sig | dict.fromkeys(consts, "constexpr"),
                                           consts), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})
@@ -74,8 +75,8 @@ def test_wgmma_configs_fit_shared_memory():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("res", [False, True])
-def test_gpu_wgmma_gemm_is_bit_exact(res):
+@pytest.mark.parametrize("res,act", [(False, "relu"), (True, "relu"), (False, "gelu_erf"), (False, "none")])
+def test_gpu_wgmma_gemm_is_bit_exact(res, act):
     """Every tile, ragged M / N / K edges, with and without an int8 residual: the pointer GEMM's bits."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs a Hopper GPU (wgmma, TMA)")
@@ -87,7 +88,7 @@ def test_gpu_wgmma_gemm_is_bit_exact(res):
     w = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
     scale = torch.rand(n, device="cuda", generator=g) * 1e-4
     bias = torch.randn(n, device="cuda", generator=g)
-    kw = dict(out_scale=0.05, activation="relu")
+    kw = dict(out_scale=0.05, activation=act)
     if res:
         kw |= dict(residual=torch.randint(-127, 128, (m, n), device="cuda", dtype=torch.int8, generator=g),
                    res_scale=0.01)

@@ -4,7 +4,7 @@ own completion (kernels/int8_gemm_tma.py runs at about a quarter of int8 peak fo
 issues wgmma k, waits until at most one is pending (wgmma k-1 done), and refills k-1's shared-memory slot by TMA.
 
 Same arithmetic as kernels/int8_gemm.epilogue for the cases it takes: fp32(acc)·scale[n] + bias[n] (+ an int8
-residual times res_scale), ReLU or none, requantized to int8 (v·out_inv clamped to ±127, rounded half to even
+residual times res_scale), ReLU, erf GELU or none, requantized to int8 (v·out_inv clamped to ±127, rounded half to even
 by the 1.5·2²³ add). Needs triton's Gluon (3.6+) and compute capability 9.0.
 """
 
@@ -29,7 +29,7 @@ from kiln.kernels.int8_gemm import MAGIC_BITS, ROUND_MAGIC
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
-ACTIVATIONS = ("none", "relu")
+ACTIVATIONS = ("none", "relu", "gelu_erf")
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
 _SPACE = [(128, 128, 64, 4, 4), (128, 64, 64, 5, 4), (256, 128, 64, 3, 8), (64, 128, 128, 4, 4),
           (128, 128, 128, 3, 8), (64, 64, 64, 4, 4)]  # the last fits a block's default 48 KiB
@@ -42,7 +42,7 @@ def available() -> bool:
 if gluon is not None:
     @gluon.jit
     def _wgmma_gemm_kernel(a_desc, w_desc, c_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale,
-                           HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, RELU: gl.constexpr,
+                           HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr,
                            STAGES: gl.constexpr):
         BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -94,8 +94,10 @@ if gluon is not None:
             ptrs = res + gl.expand_dims(rm * s_rm, 1) + gl.expand_dims(rn, 0)
             mask = gl.expand_dims(rm < M, 1) & gl.expand_dims(n_ok, 0)
             v += gl.load(ptrs, mask=mask, other=0).to(gl.float32) * res_scale
-        if RELU:
+        if ACT == "relu":  # as kernels/common.activate
             v = gl.maximum(v, 0.0)
+        elif ACT == "gelu_erf":
+            v = 0.5 * v * (1.0 + gl.erf(v * 0.7071067811865476))
         q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
         q = (q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS
         c_s = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
@@ -128,7 +130,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     if not available():
         raise ValueError("this triton has no Gluon")
     if activation not in ACTIVATIONS or a.dtype != torch.int8 or w.dtype != torch.int8:
-        raise ValueError("int8 operands and a none / relu activation only")
+        raise ValueError(f"int8 operands and one of the activations {ACTIVATIONS} only")
     if residual is not None and (residual.dtype != torch.int8 or res_scale is None):
         raise ValueError("the residual must be int8 with a res_scale")
     (m, k), n = a.shape, w.shape[0]
@@ -141,6 +143,6 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     _wgmma_gemm_kernel[grid](_desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), r, r.stride(0), scale,
                              bias if bias is not None else scale, m, n, k, inv_scale(out_scale),
                              float(res_scale or 1.0), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                             RELU=activation == "relu", STAGES=config["STAGES"], num_warps=config["num_warps"],
+                             ACT=activation, STAGES=config["STAGES"], num_warps=config["num_warps"],
                              enable_fp_fusion=False)  # products and sums rounded apart, as the reference
     return c

@@ -1,5 +1,5 @@
 """int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight
-(kernels/int8_gemm_wgmma.py), Hopper only: the layers whose epilogue it has (ReLU or none, requantized to int8,
+(kernels/int8_gemm_wgmma.py), Hopper only: the layers whose epilogue it has (ReLU, erf GELU or none, int8 out,
 an int8 residual) and whose rows TMA can address (K and N multiples of 16). The autotuner times it against
 triton_int8_gemm_tma, whose int8 dots Triton cannot keep in flight."""
 
@@ -25,7 +25,7 @@ def _reason(spec: LayerSpec) -> str | None:
                                      or tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1):
         return "1x1, stride-1, unpadded convs only (their rows are a view)"
     if _epilogue(a)[0] not in int8_gemm_wgmma.ACTIVATIONS:
-        return "ReLU or no activation only"
+        return f"activations {', '.join(int8_gemm_wgmma.ACTIVATIONS)} only"
     if a.get("out_scale") is None:
         return "requantized int8 outputs only"
     if int8_lowering.has_residual(spec) and a.get("res_scale") is None:
