@@ -1,6 +1,7 @@
-"""kernels/int8_gemm_wgmma.py (Gluon) and the triton_int8_gemm_wgmma tactic: what it takes and refuses, that it
-compiles for sm90 with one wgmma left in flight inside the loop (`wgmma.wait_group 1`, which Triton's own
-pipeliner never emits for int32 accumulators), and, on a Hopper GPU, the reference's bits."""
+"""kernels/int8_gemm_wgmma.py (Gluon) and the triton_int8_gemm_wgmma / triton_int8_conv_wgmma tactics: what they
+take and refuse, that they compile for sm90 with one wgmma left in flight inside the loop (`wgmma.wait_group 1`,
+which Triton's own pipeliner never emits for int32 accumulators) and the conv's input boxes fed to wgmma from
+shared memory, and, on a Hopper GPU, the reference's bits."""
 
 import pytest
 import torch
@@ -42,26 +43,66 @@ def test_wgmma_tactic_takes_1x1_relu_int8_convs_and_refuses_the_rest():
 
 
 @needs_gluon
+def test_wgmma_conv_tactic_takes_stride_1_convs_of_16_channel_multiples():
+    g = torch.Generator().manual_seed(1)
+    t = registry.get("triton_int8_conv_wgmma")
+    assert t.supports(_conv(g, k=3)[0], GPU_LIKE) is None and t.supports(_conv(g, k=1)[0], GPU_LIKE) is None
+    assert "stride 1" in t.supports(_conv(g, k=3, strides=(2, 2))[0], GPU_LIKE)
+    assert "multiple of 16" in t.supports(_conv(g, k=3, c=24)[0], GPU_LIKE)
+    assert "int8 residuals" in t.supports(_float_res(g), GPU_LIKE)
+    assert all(c["layout"] == "nhwc" for c in t.configs(_conv(g, k=3)[0], GPU_LIKE, 3))
+
+
+def _float_res(g):
+    """A 3x3 conv whose residual is fp32 (no res_scale): the wgmma tactics take int8 residuals only."""
+    spec, _, _ = _conv(g, k=3, res_scale=None)
+    from kiln.ir import DType
+    from kiln.tactics.spec import ValueSpec
+    out = spec.outputs[0]
+    return type(spec)(spec.name, spec.kind, spec.attrs, spec.inputs + (ValueSpec(DType.FLOAT32, out.shape),),
+                      spec.outputs)
+
+
+def _desc_sig(block):
+    from triton.experimental.gluon import language as gl
+    return f"tensordesc<i8[{','.join(map(str, block))}],{gl.NVMMASharedLayout.get_default_for(block, gl.int8)!r}>"
+
+
+def _compile_sm90(kernel, sig, consts, num_warps):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    return triton.compile(GluonASTSource(kernel, sig | dict.fromkeys(consts, "constexpr"), consts),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "enable_fp_fusion": False})
+
+
+@needs_gluon
+def test_wgmma_conv_compiles_for_hopper_feeding_wgmma_from_shared_memory():
+    """The 4-D input box is reshaped in shared memory (no trip through registers, unlike kernels/int8_conv_tma.py),
+    and one wgmma stays in flight."""
+    for cfg in int8_gemm_wgmma.conv_configs(56, 56, 256, 64, 227 * 1024):
+        bh, bw, bn, bk = cfg["BH"], cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        sig = {"x_desc": _desc_sig([1, bh, bw, bk]), "w_desc": _desc_sig([bn, bk]), "scale": "*fp32", "bias": "*fp32",
+               "res": "*i8", "y": "*i8", "out_inv": "fp32", "res_scale": "fp32"}
+        sig |= dict.fromkeys("OH OW CO C KW ph pw dh dw s_rn s_rh s_rw s_yn s_yh s_yw NUM_K".split(), "i32")
+        k = _compile_sm90(int8_gemm_wgmma._wgmma_conv_kernel, sig, {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu",
+                                                                     "STAGES": cfg["STAGES"]}, cfg["num_warps"])
+        ptx = k.asm["ptx"]
+        assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
+        assert "local_load" not in k.asm["ttgir"], cfg
+
+
+@needs_gluon
 @pytest.mark.parametrize("res", [False, True])
 def test_wgmma_gemm_compiles_for_hopper_with_one_wgmma_in_flight(res):
     """AOT compile for sm90 (no GPU needed): the loop waits for all but one wgmma (`wait_group 1`)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    def desc(block):
-        return f"tensordesc<i8[{block[0]},{block[1]}],{gl.NVMMASharedLayout.get_default_for(block, gl.int8)!r}>"
-
     for cfg in int8_gemm_wgmma.configs(4096, 256, 256, 227 * 1024):
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        sig = {"a_desc": desc([bm, bk]), "w_desc": desc([bn, bk]), "c_desc": desc([bm, bn]), "res": "*i8",
-               "s_rm": "i32", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+        sig = {"a_desc": _desc_sig([bm, bk]), "w_desc": _desc_sig([bn, bk]), "c_desc": _desc_sig([bm, bn]),
+               "res": "*i8", "s_rm": "i32", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32",
                "out_inv": "fp32", "res_scale": "fp32"}
         consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "gelu_erf" if res else "relu", "STAGES": cfg["STAGES"]}
-        k = triton.compile(GluonASTSource(int8_gemm_wgmma._wgmma_gemm_kernel, sig | dict.fromkeys(consts, "constexpr"),
-                                          consts), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})
+        k = _compile_sm90(int8_gemm_wgmma._wgmma_gemm_kernel, sig, consts, cfg["num_warps"])
         ptx = k.asm["ptx"]
         assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
         assert "fma.rn.f32" not in ptx, cfg  # the epilogue rounds products and sums apart, as the reference
@@ -95,3 +136,32 @@ def test_gpu_wgmma_gemm_is_bit_exact(res, act):
     want = int8_gemm.matmul(a, w.t(), scale, bias, **kw)
     for cfg in int8_gemm_wgmma.configs(m, n, k, 227 * 1024):
         assert torch.equal(int8_gemm_wgmma.matmul(a, w, scale, bias, config=cfg, **kw), want), cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("res", [False, True])
+def test_gpu_wgmma_conv_is_bit_exact(res):
+    """3x3 / pad 1 and 1x1 convs on ragged 13x11 maps, every tile: kernels/int8_conv.py's bits."""
+    from kiln.kernels import int8_conv
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
+    if not int8_gemm_wgmma.available():
+        pytest.skip("this triton has no Gluon")
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for k in (3, 1):
+        x = torch.randint(-127, 128, (3, 48, 13, 11), device="cuda", dtype=torch.int8, generator=g)
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = int8_conv.pack_weight(torch.randint(-127, 128, (80, 48, k, k), device="cuda", dtype=torch.int8,
+                                                generator=g))
+        scale = torch.rand(80, device="cuda", generator=g) * 1e-4
+        bias = torch.randn(80, device="cuda", generator=g)
+        pads = [k // 2] * 4
+        kw = dict(out_scale=0.05, activation="relu")
+        if res:
+            r = torch.randint(-127, 128, (3, 80, 13, 11), device="cuda", dtype=torch.int8, generator=g)
+            kw |= dict(residual=r.contiguous(memory_format=torch.channels_last), res_scale=0.01)
+        want = int8_conv.conv2d(x, w, scale, (k, k), (1, 1), pads, (1, 1), bias, **kw)
+        for cfg in int8_gemm_wgmma.conv_configs(13, 11, 80, 48, 227 * 1024):
+            got = int8_gemm_wgmma.conv2d(x, w, scale, (k, k), pads, (1, 1), bias, config=cfg, **kw)
+            assert torch.equal(got, want), (k, cfg)
+

@@ -31,6 +31,10 @@ from kiln.kinds.quantized import inv_scale
 
 ACTIVATIONS = ("none", "relu", "gelu_erf")
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
+CONV_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
+# output blocks of 64-128 pixels (BH·BW a multiple of 16 rows per warp), the 4-D TMA conv's shapes
+_CONV_SPACE = [(8, 16, 64, 64, 4, 4), (8, 8, 128, 64, 4, 4), (8, 16, 128, 64, 4, 4), (16, 8, 64, 64, 4, 4),
+               (8, 8, 64, 64, 4, 4), (8, 16, 128, 64, 3, 8)]
 _SPACE = [(128, 128, 64, 4, 4), (128, 64, 64, 5, 4), (256, 128, 64, 3, 8), (64, 128, 128, 4, 4),
           (128, 128, 128, 3, 8), (64, 64, 64, 4, 4)]  # the last fits a block's default 48 KiB
 
@@ -107,6 +111,90 @@ if gluon is not None:
         tma.store_wait(0)
 
 
+    @gluon.jit
+    def _epilogue_store(acc, mma: gl.constexpr, rows_ok, row_off, res_off, rn, n_ok, res, y, scale, bias, out_inv,
+                        res_scale, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr):
+        """The conv tile's epilogue (the GEMM's arithmetic) and its masked NHWC store: rows at `row_off` in y and
+        `res_off` in the residual, channels rn contiguous."""
+        v = acc.to(gl.float32) * gl.expand_dims(gl.load(scale + rn, mask=n_ok, other=0.0), 0)
+        if HAS_BIAS:
+            v += gl.expand_dims(gl.load(bias + rn, mask=n_ok, other=0.0), 0)
+        mask = gl.expand_dims(rows_ok, 1) & gl.expand_dims(n_ok, 0)
+        if HAS_RES:
+            r = gl.load(res + gl.expand_dims(res_off, 1) + gl.expand_dims(rn, 0), mask=mask, other=0)
+            v += r.to(gl.float32) * res_scale
+        if ACT == "relu":
+            v = gl.maximum(v, 0.0)
+        elif ACT == "gelu_erf":
+            v = 0.5 * v * (1.0 + gl.erf(v * 0.7071067811865476))
+        q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
+        q = (q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS
+        gl.store(y + gl.expand_dims(row_off, 1) + gl.expand_dims(rn, 0), q.to(gl.int8), mask=mask)
+
+    @gluon.jit
+    def _wgmma_conv_kernel(x_desc, w_desc, scale, bias, res, y, OH, OW, CO, C, KW, ph, pw, dh, dw, out_inv,
+                           res_scale, s_rn, s_rh, s_rw, s_yn, s_yh, s_yw, NUM_K, HAS_BIAS: gl.constexpr,
+                           HAS_RES: gl.constexpr, ACT: gl.constexpr, STAGES: gl.constexpr):
+        """Stride-1 implicit-GEMM conv: per step a 4-D TMA box [1, BH, BW, BLOCK_K] of the NHWC input at the tap's
+        offset (zero fill is the padding), seen as [BH·BW, BLOCK_K] in shared memory and fed to wgmma from there,
+        one wgmma in flight; channels contiguous in y and the residual (NHWC)."""
+        BH: gl.constexpr = x_desc.block_type.shape[1]
+        BW: gl.constexpr = x_desc.block_type.shape[2]
+        BLOCK_K: gl.constexpr = x_desc.block_type.shape[3]
+        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+        BM: gl.constexpr = BH * BW
+        tiles_w = gl.cdiv(OW, BW)
+        tiles_hw = gl.cdiv(OH, BH) * tiles_w
+        pid = gl.program_id(0)
+        n = pid // tiles_hw
+        oh0 = (pid % tiles_hw) // tiles_w * BH
+        ow0 = (pid % tiles_w) * BW
+        off_n = gl.program_id(1) * BLOCK_N
+        c_blocks = gl.cdiv(C, BLOCK_K)
+
+        a_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, 1, BH, BW, BLOCK_K], x_desc.layout)
+        w_s = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        nbytes: gl.constexpr = (BM + BLOCK_N) * BLOCK_K
+        for i in gl.static_range(STAGES - 1):
+            tap = i // c_blocks
+            mbarrier.expect(ready.index(i), nbytes, pred=i < NUM_K)
+            _tma_load(x_desc, [n, oh0 + (tap // KW) * dh - ph, ow0 + (tap % KW) * dw - pw, (i % c_blocks) * BLOCK_K],
+                      ready.index(i), a_s.index(i), pred=i < NUM_K)
+            _tma_load(w_desc, [off_n, tap * C + (i % c_blocks) * BLOCK_K], ready.index(i), w_s.index(i),
+                      pred=i < NUM_K)
+
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, BLOCK_N, 32])
+        acc = gl.zeros((BM, BLOCK_N), gl.int32, layout=mma)
+        for kb in range(NUM_K):
+            s = kb % STAGES
+            mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
+            a = a_s.index(s).reshape([BM, BLOCK_K])
+            acc = warpgroup_mma(a, w_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, w_s.index(s)))
+            nk = kb + STAGES - 1
+            ns = nk % STAGES
+            tap = nk // c_blocks
+            c0 = (nk % c_blocks) * BLOCK_K
+            mbarrier.expect(ready.index(ns), nbytes, pred=nk < NUM_K)
+            _tma_load(x_desc, [n, oh0 + (tap // KW) * dh - ph, ow0 + (tap % KW) * dw - pw, c0], ready.index(ns),
+                      a_s.index(ns), pred=nk < NUM_K)
+            _tma_load(w_desc, [off_n, tap * C + c0], ready.index(ns), w_s.index(ns), pred=nk < NUM_K)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+
+        i = gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
+        oh, ow = oh0 + i // BW, ow0 + i % BW
+        rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        _epilogue_store(acc, mma, (oh < OH) & (ow < OW), n * s_yn + oh * s_yh + ow * s_yw,
+                        n * s_rn + oh * s_rh + ow * s_rw, rn, rn < CO, res, y, scale, bias, out_inv, res_scale,
+                        HAS_BIAS, HAS_RES, ACT)
+
+
 def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
     """Tiles whose STAGES operand tiles and output tile fit `smem` and whose N does not dwarf the problem."""
     out = []
@@ -146,3 +234,54 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
                              ACT=activation, STAGES=config["STAGES"], num_warps=config["num_warps"],
                              enable_fp_fusion=False)  # products and sums rounded apart, as the reference
     return c
+
+
+def conv_configs(oh: int | None, ow: int | None, co: int, c: int, smem: int) -> list[dict]:
+    """Conv tiles whose STAGES input boxes and weight tiles fit `smem` and do not dwarf the output map or the
+    channels; the first always."""
+    out = []
+    for t in _CONV_SPACE:
+        cfg = dict(zip(CONV_KEYS, t))
+        need = cfg["STAGES"] * (cfg["BH"] * cfg["BW"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"]
+        fits = cfg["BH"] <= max(8, oh or 8) and cfg["BW"] <= max(8, ow or 8) and cfg["BLOCK_N"] <= max(64, co) \
+            and cfg["BLOCK_K"] <= max(32, c)
+        if need <= smem and (fits or t == _CONV_SPACE[0]):
+            out.append(cfg)
+    return out
+
+
+def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], pads, dilations,
+           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, out_scale: float,
+           res_scale: float | None = None, activation: str = "none", config: dict,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """The stride-1 int8 conv of x [N, C, H, W] (channels_last, C a multiple of 16) with `w_packed`
+    (kernels/int8_conv.pack_weight), pads [top, left, bottom, right], requantized to int8 at out_scale;
+    kernels/int8_conv.conv2d's bits. NCHW-shaped, channels_last."""
+    if not available():
+        raise ValueError("this triton has no Gluon")
+    if activation not in ACTIVATIONS or x.dtype != torch.int8 or w_packed.dtype != torch.int8:
+        raise ValueError(f"int8 operands and one of the activations {ACTIVATIONS} only")
+    (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
+    if not x.is_contiguous(memory_format=torch.channels_last) or c % 16:
+        raise ValueError("x must be channels_last with a multiple of 16 channels (TMA's 16-byte rows)")
+    if residual is not None and (residual.dtype != torch.int8 or res_scale is None or residual.stride(1) != 1):
+        raise ValueError("the residual must be int8, channels_last, with a res_scale")
+    dh, dw = dilations
+    oh, ow = h + pads[0] + pads[2] - dh * (kh - 1), wd + pads[1] + pads[3] - dw * (kw - 1)
+    y = take(out, (n, co, oh, ow), torch.int8, x.device, torch.channels_last)
+    if y.numel() == 0:
+        return y
+    bh, bw, bn, bk = config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
+    nhwc = x.permute(0, 2, 3, 1)
+    block = [1, bh, bw, bk]
+    x_desc = TensorDescriptor(nhwc, list(nhwc.shape), list(nhwc.stride()), block,
+                              gl.NVMMASharedLayout.get_default_for(block, gl.int8))
+    r = residual if residual is not None else y
+    grid = (n * triton.cdiv(oh, bh) * triton.cdiv(ow, bw), triton.cdiv(co, bn))
+    _wgmma_conv_kernel[grid](x_desc, _desc(w_packed.t(), [bn, bk]), scale, bias if bias is not None else scale, r, y,
+                             oh, ow, co, c, kw, pads[0], pads[1], dh, dw, inv_scale(out_scale),
+                             float(res_scale or 1.0), r.stride(0), r.stride(2), r.stride(3), y.stride(0), y.stride(2),
+                             y.stride(3), kh * kw * triton.cdiv(c, bk), HAS_BIAS=bias is not None,
+                             HAS_RES=residual is not None, ACT=activation, STAGES=config["STAGES"],
+                             num_warps=config["num_warps"], enable_fp_fusion=False)
+    return y

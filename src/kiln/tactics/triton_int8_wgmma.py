@@ -1,12 +1,14 @@
-"""int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight
-(kernels/int8_gemm_wgmma.py), Hopper only: the layers whose epilogue it has (ReLU, erf GELU or none, int8 out,
-an int8 residual) and whose rows TMA can address (K and N multiples of 16). The autotuner times it against
-triton_int8_gemm_tma, whose int8 dots Triton cannot keep in flight."""
+"""int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight, and stride-1
+QuantConv through its implicit-GEMM conv (4-D TMA input boxes fed to wgmma from shared memory), both in
+kernels/int8_gemm_wgmma.py, Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out,
+an int8 residual) and whose rows TMA can address (multiples of 16 channels). The autotuner times them against
+the Triton tactics, whose int8 dots Triton cannot keep in flight."""
 
 from __future__ import annotations
 
-from kiln.kernels import int8_gemm_wgmma
+from kiln.kernels import int8_conv, int8_gemm_wgmma
 from kiln.kernels.common import smem_limit
+from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
@@ -17,26 +19,48 @@ from kiln.tactics.triton_int8 import _m, nhwc
 from kiln.tactics.triton_int8_tma import _device_reason
 
 
-def _reason(spec: LayerSpec) -> str | None:
-    a, w = spec.attrs, spec.inputs[1].const
+def _epilogue_reason(spec: LayerSpec) -> str | None:
+    a = spec.attrs
     if not int8_gemm_wgmma.available():
         return "this triton has no Gluon"
-    if spec.kind == "QuantConv" and (w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or any(a.get("pads", [0]))
-                                     or tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1):
-        return "1x1, stride-1, unpadded convs only (their rows are a view)"
     if _epilogue(a)[0] not in int8_gemm_wgmma.ACTIVATIONS:
         return f"activations {', '.join(int8_gemm_wgmma.ACTIVATIONS)} only"
     if a.get("out_scale") is None:
         return "requantized int8 outputs only"
     if int8_lowering.has_residual(spec) and a.get("res_scale") is None:
         return "int8 residuals only"
+    return None
+
+
+def _gemm_reason(spec: LayerSpec) -> str | None:
+    a, w = spec.attrs, spec.inputs[1].const
+    if spec.kind == "QuantConv" and (w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or any(a.get("pads", [0]))
+                                     or tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1):
+        return "1x1, stride-1, unpadded convs only (their rows are a view)"
     if w.shape[0] % 16 or w[0].numel() % 16:
         return "K and N must be multiples of 16 (TMA's 16-byte rows)"
     return None
 
 
+def _conv_reason(spec: LayerSpec) -> str | None:
+    a, w = spec.attrs, spec.inputs[1].const
+    if spec.kind != "QuantConv" or w is None or w.dim() != 4:
+        return "2-D convolutions only"
+    if tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1:
+        return "stride 1, group 1 only"
+    if w.shape[1] % 16:
+        return "input channels not a multiple of 16 (TMA's 16-byte rows)"
+    return None
+
+
 def _supports(spec: LayerSpec, device) -> str | None:
-    return int8_lowering.supports(spec, INT8) or _reason(spec) or _device_reason(device)
+    return int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or _gemm_reason(spec) or \
+        _device_reason(device)
+
+
+def _supports_conv(spec: LayerSpec, device) -> str | None:
+    return int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or _conv_reason(spec) or \
+        _device_reason(device)
 
 
 def _configs(spec: LayerSpec, device, level: int):
@@ -61,4 +85,30 @@ def _compile(spec: LayerSpec, config, device):
 
 
 register(Tactic("triton_int8_gemm_wgmma", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=18,
+                arch_specific=True, writes_out=True))
+
+
+def _conv_configs(spec: LayerSpec, device, level: int):
+    out, (co, c) = spec.outputs[0].shape, spec.inputs[1].const.shape[:2]
+    oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
+    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_wgmma.conv_configs(oh, ow, co, c, smem_limit(device))]
+
+
+def _compile_conv(spec: LayerSpec, config, device):
+    a, form = spec.attrs, int8_lowering.gemm_form(spec)
+    w = int8_conv.pack_weight(spec.inputs[1].const)
+    pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
+    kernel, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["dilations"])
+    has_residual = int8_lowering.has_residual(spec)
+    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
+              config={k: config[k] for k in int8_gemm_wgmma.CONV_KEYS})
+
+    def run(inputs, out=None):
+        return [int8_gemm_wgmma.conv2d(inputs[0], w, form.scale, kernel, pads, dilations, form.bias,
+                                       inputs[4] if has_residual else None, out=first(out), **kw)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv_wgmma", ("QuantConv",), _compile_conv, _supports_conv, _conv_configs, priority=18,
                 arch_specific=True, writes_out=True))
