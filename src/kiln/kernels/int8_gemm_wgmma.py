@@ -45,6 +45,22 @@ def available() -> bool:
 
 if gluon is not None:
     @gluon.jit
+    def _issue(a_desc, a_coord, w_desc, w_coord, bar, a_dst, w_dst, nbytes: gl.constexpr, pred):
+        """One pipeline step's loads: the A (input) and W tiles by TMA, both signalling `bar`."""
+        mbarrier.expect(bar, nbytes, pred=pred)
+        _tma_load(a_desc, a_coord, bar, a_dst, pred=pred)
+        _tma_load(w_desc, w_coord, bar, w_dst, pred=pred)
+
+    @gluon.jit
+    def _issue_conv(x_desc, w_desc, step, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw, bar, a_dst, w_dst,
+                    nbytes: gl.constexpr, pred):
+        """The conv's step `step`: tap step // c_blocks, its channel block; the input box shifted to the tap."""
+        tap = step // c_blocks
+        c0 = (step % c_blocks) * x_desc.block_type.shape[3]
+        _issue(x_desc, [n, oh0 + (tap // KW) * dh - ph, ow0 + (tap % KW) * dw - pw, c0], w_desc,
+               [off_n, tap * C + c0], bar, a_dst, w_dst, nbytes, pred)
+
+    @gluon.jit
     def _wgmma_gemm_kernel(a_desc, w_desc, c_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale,
                            HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr,
                            STAGES: gl.constexpr):
@@ -63,11 +79,8 @@ if gluon is not None:
         nbytes: gl.constexpr = (BLOCK_M + BLOCK_N) * BLOCK_K
         k_tiles = gl.cdiv(K, BLOCK_K)
         for i in gl.static_range(STAGES - 1):  # the first STAGES - 1 tiles in flight
-            mbarrier.expect(ready.index(i), nbytes, pred=i < k_tiles)
-            _tma_load(a_desc, [off_m, i * BLOCK_K], ready.index(i), a_s.index(i),
-                                            pred=i < k_tiles)
-            _tma_load(w_desc, [off_n, i * BLOCK_K], ready.index(i), w_s.index(i),
-                                            pred=i < k_tiles)
+            _issue(a_desc, [off_m, i * BLOCK_K], w_desc, [off_n, i * BLOCK_K], ready.index(i), a_s.index(i),
+                   w_s.index(i), nbytes, i < k_tiles)
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BLOCK_N, 32])
@@ -79,11 +92,8 @@ if gluon is not None:
             acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_s.index(s), w_s.index(s)))
             nk = kb + STAGES - 1  # wgmma kb-1 is done: its slot takes tile kb + STAGES - 1
             ns = nk % STAGES
-            mbarrier.expect(ready.index(ns), nbytes, pred=nk < k_tiles)
-            _tma_load(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_s.index(ns),
-                                            pred=nk < k_tiles)
-            _tma_load(w_desc, [off_n, nk * BLOCK_K], ready.index(ns), w_s.index(ns),
-                                            pred=nk < k_tiles)
+            _issue(a_desc, [off_m, nk * BLOCK_K], w_desc, [off_n, nk * BLOCK_K], ready.index(ns), a_s.index(ns),
+                   w_s.index(ns), nbytes, nk < k_tiles)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
@@ -159,12 +169,8 @@ if gluon is not None:
             mbarrier.init(ready.index(i), count=1)
         nbytes: gl.constexpr = (BM + BLOCK_N) * BLOCK_K
         for i in gl.static_range(STAGES - 1):
-            tap = i // c_blocks
-            mbarrier.expect(ready.index(i), nbytes, pred=i < NUM_K)
-            _tma_load(x_desc, [n, oh0 + (tap // KW) * dh - ph, ow0 + (tap % KW) * dw - pw, (i % c_blocks) * BLOCK_K],
-                      ready.index(i), a_s.index(i), pred=i < NUM_K)
-            _tma_load(w_desc, [off_n, tap * C + (i % c_blocks) * BLOCK_K], ready.index(i), w_s.index(i),
-                      pred=i < NUM_K)
+            _issue_conv(x_desc, w_desc, i, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw, ready.index(i),
+                        a_s.index(i), w_s.index(i), nbytes, i < NUM_K)
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BLOCK_N, 32])
@@ -176,13 +182,8 @@ if gluon is not None:
             acc = warpgroup_mma(a, w_s.index(s).permute((1, 0)), acc, is_async=True)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, w_s.index(s)))
             nk = kb + STAGES - 1
-            ns = nk % STAGES
-            tap = nk // c_blocks
-            c0 = (nk % c_blocks) * BLOCK_K
-            mbarrier.expect(ready.index(ns), nbytes, pred=nk < NUM_K)
-            _tma_load(x_desc, [n, oh0 + (tap // KW) * dh - ph, ow0 + (tap % KW) * dw - pw, c0], ready.index(ns),
-                      a_s.index(ns), pred=nk < NUM_K)
-            _tma_load(w_desc, [off_n, tap * C + c0], ready.index(ns), w_s.index(ns), pred=nk < NUM_K)
+            _issue_conv(x_desc, w_desc, nk, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw,
+                        ready.index(nk % STAGES), a_s.index(nk % STAGES), w_s.index(nk % STAGES), nbytes, nk < NUM_K)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))

@@ -16,7 +16,7 @@ from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_gemm import _epilogue
 from kiln.tactics.triton_int8 import _m, nhwc
-from kiln.tactics.triton_int8_tma import _device_reason
+from kiln.tactics.triton_int8_tma import _conv_reason, _device_reason
 
 
 def _epilogue_reason(spec: LayerSpec) -> str | None:
@@ -39,17 +39,6 @@ def _gemm_reason(spec: LayerSpec) -> str | None:
         return "1x1, stride-1, unpadded convs only (their rows are a view)"
     if w.shape[0] % 16 or w[0].numel() % 16:
         return "K and N must be multiples of 16 (TMA's 16-byte rows)"
-    return None
-
-
-def _conv_reason(spec: LayerSpec) -> str | None:
-    a, w = spec.attrs, spec.inputs[1].const
-    if spec.kind != "QuantConv" or w is None or w.dim() != 4:
-        return "2-D convolutions only"
-    if tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1:
-        return "stride 1, group 1 only"
-    if w.shape[1] % 16:
-        return "input channels not a multiple of 16 (TMA's 16-byte rows)"
     return None
 
 
