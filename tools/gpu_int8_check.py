@@ -38,6 +38,7 @@ from kiln.bench.profile import profile_layers  # noqa: E402
 from kiln.bench.timer import measure  # noqa: E402
 
 CALIB_SAMPLES = 32
+FAILED = ("failed", "wrong result", "output ")  # a candidate that ran and was rejected (not one that was refused)
 QUANTIZED = ("int8", "fp8")  # --precisions values built with calibration (--int8 / --fp8)
 SIZE_TARGET = 0.3
 
@@ -125,7 +126,9 @@ def build_kiln(spec, path: Path, inputs: dict, want: list, precision: str, args)
     engine = kiln.build(path, config, calib_data=calib)
     result = {"build_seconds": time.perf_counter() - t0, "plan_bytes": len(engine.serialize()),
               "tactics": engine.build_info.get("tactics"),
-              "candidates": {n: c.timed for n, c in engine.tactics.items() if len(c.timed) > 1}}
+              "candidates": {n: c.timed for n, c in engine.tactics.items() if len(c.timed) > 1},
+              "failed": {n: [r for r in c.rejected if r[1].startswith(FAILED)] for n, c in engine.tactics.items()
+                         if any(r[1].startswith(FAILED) for r in c.rejected)}}
     if precision in QUANTIZED:
         from kiln.quant.report import int8_summary, size_breakdown
 
