@@ -96,7 +96,7 @@ def test_wgmma_conv_compiles_for_hopper_feeding_wgmma_from_shared_memory():
 @pytest.mark.parametrize("res", [False, True])
 def test_wgmma_gemm_compiles_for_hopper_with_one_wgmma_in_flight(res):
     """AOT compile for sm90 (no GPU needed): the loop waits for all but one wgmma (`wait_group 1`)."""
-    for cfg in int8_gemm_wgmma.configs(4096, 256, 256, 227 * 1024):
+    for cfg in int8_gemm_wgmma.configs(4096, 256, 64, 227 * 1024):  # every tile, two-stage ones too
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         sig = {"a_desc": _desc_sig([bm, bk]), "w_desc": _desc_sig([bn, bk]), "c_desc": _desc_sig([bm, bn]),
                "res": "*i8", "s_rm": "i32", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32",
@@ -109,7 +109,10 @@ def test_wgmma_gemm_compiles_for_hopper_with_one_wgmma_in_flight(res):
 
 
 def test_wgmma_configs_fit_shared_memory():
-    for cfg in int8_gemm_wgmma.configs(200704, 256, 64, 227 * 1024):
+    short = int8_gemm_wgmma.configs(200704, 256, 64, 227 * 1024)
+    assert short[0]["STAGES"] == 2  # one-block reductions: two-stage tiles first
+    assert all(c["STAGES"] > 2 for c in int8_gemm_wgmma.configs(8192, 768, 3072, 227 * 1024))
+    for cfg in short:
         need = cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] + cfg["BLOCK_M"] * cfg["BLOCK_N"]
         assert need <= 227 * 1024
     assert all(c["BLOCK_N"] <= 64 for c in int8_gemm_wgmma.configs(200704, 64, 256, 227 * 1024)[1:])

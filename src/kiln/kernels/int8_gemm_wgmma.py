@@ -37,6 +37,7 @@ _CONV_SPACE = [(8, 16, 64, 64, 4, 4), (8, 8, 128, 64, 4, 4), (8, 16, 128, 64, 4,
                (8, 8, 64, 64, 4, 4), (8, 16, 128, 64, 3, 8)]
 _SPACE = [(128, 128, 64, 4, 4), (128, 64, 64, 5, 4), (256, 128, 64, 3, 8), (64, 128, 128, 4, 4),
           (128, 128, 128, 3, 8), (64, 64, 64, 4, 4)]  # the last fits a block's default 48 KiB
+_SHORT = [(128, 128, 64, 2, 4), (128, 64, 64, 2, 4)]
 
 
 def available() -> bool:
@@ -197,9 +198,11 @@ if gluon is not None:
 
 
 def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
-    """Tiles whose STAGES operand tiles and output tile fit `smem` and whose N does not dwarf the problem."""
+    """Tiles whose STAGES operand tiles and output tile fit `smem` and whose N does not dwarf the problem; for a
+    reduction of one or two blocks (ResNet's 64- and 128-channel 1x1 convs) two-stage tiles first, whose smaller
+    shared memory lets more programs share an SM."""
     out = []
-    for t in _SPACE:
+    for t in (_SHORT if k <= 128 else []) + _SPACE:
         cfg = dict(zip(CONFIG_KEYS, t))
         need = cfg["STAGES"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] + cfg["BLOCK_M"] * cfg["BLOCK_N"]
         if need <= smem and (cfg["BLOCK_N"] <= max(64, n) or t == _SPACE[0]):
