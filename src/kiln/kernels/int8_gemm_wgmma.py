@@ -62,6 +62,15 @@ if gluon is not None:
                [off_n, tap * C + c0], bar, a_dst, w_dst, nbytes, pred)
 
     @gluon.jit
+    def _mma_step(a, w, acc, bar, phase):
+        """Wait for a step's tiles, issue its wgmma and wait until only it is in flight (the previous one done, so
+        that step's shared-memory slot may be refilled)."""
+        mbarrier.wait(bar, phase)
+        acc = warpgroup_mma(a, w.permute((1, 0)), acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, w))
+        return acc
+
+    @gluon.jit
     def _wgmma_gemm_kernel(a_desc, w_desc, c_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale,
                            HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr,
                            STAGES: gl.constexpr):
@@ -88,9 +97,7 @@ if gluon is not None:
         acc = gl.zeros((BLOCK_M, BLOCK_N), gl.int32, layout=mma)
         for kb in range(k_tiles):
             s = kb % STAGES
-            mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
-            acc = warpgroup_mma(a_s.index(s), w_s.index(s).permute((1, 0)), acc, is_async=True)
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_s.index(s), w_s.index(s)))
+            acc = _mma_step(a_s.index(s), w_s.index(s), acc, ready.index(s), (kb // STAGES) & 1)
             nk = kb + STAGES - 1  # wgmma kb-1 is done: its slot takes tile kb + STAGES - 1
             ns = nk % STAGES
             _issue(a_desc, [off_m, nk * BLOCK_K], w_desc, [off_n, nk * BLOCK_K], ready.index(ns), a_s.index(ns),
@@ -178,10 +185,8 @@ if gluon is not None:
         acc = gl.zeros((BM, BLOCK_N), gl.int32, layout=mma)
         for kb in range(NUM_K):
             s = kb % STAGES
-            mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
-            a = a_s.index(s).reshape([BM, BLOCK_K])
-            acc = warpgroup_mma(a, w_s.index(s).permute((1, 0)), acc, is_async=True)
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, w_s.index(s)))
+            acc = _mma_step(a_s.index(s).reshape([BM, BLOCK_K]), w_s.index(s), acc, ready.index(s),
+                            (kb // STAGES) & 1)
             nk = kb + STAGES - 1
             _issue_conv(x_desc, w_desc, nk, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw,
                         ready.index(nk % STAGES), a_s.index(nk % STAGES), w_s.index(nk % STAGES), nbytes, nk < NUM_K)
