@@ -249,16 +249,17 @@ class Autotuner:
                         continue
                     if self.level == 0:
                         return Choice(tactic.name, config, None, "heuristic", rejected)
-                    timed.append((_time(kernel, args, REPEATS[self.level]), tactic.name, config))
+                    timed.append((_time(kernel, args, REPEATS[self.level]), tactic.name, config, label))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
-        for us, name, config in timed:
+        for us, name, config, _ in timed:
             if "layout" in config:
                 best = self.by_layout.setdefault(spec.name, {}).get(config["layout"])
                 if best is None or us < best[0]:
                     self.by_layout[spec.name][config["layout"]] = (us, name, config)
-        us, name, config = min(timed, key=lambda t: t[0])
-        return Choice(name, config, us, "timed", rejected, [(f"{n}{c or ''}", t) for t, n, c in sorted(timed, key=lambda t: t[0])])
+        timed.sort(key=lambda t: t[0])
+        us, name, config, _ = timed[0]
+        return Choice(name, config, us, "timed", rejected, [(label, t) for t, _, _, label in timed])
 
 
 def at_shapes(spec: LayerSpec, layer, shapes: dict[str, tuple] | None) -> LayerSpec | None:

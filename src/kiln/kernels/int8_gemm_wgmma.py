@@ -106,48 +106,34 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
 
+        rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
         rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-        n_ok = rn < N
+        q = _requant_tile(acc, rm < M, rm * s_rm, rn, rn < N, res, scale, bias, out_inv, res_scale, HAS_BIAS,
+                          HAS_RES, ACT)
+        c_s = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+        c_s.store(q)
+        fence_async_shared()
+        _tma_store(c_desc, [off_m, off_n], c_s)
+        tma.store_wait(0)
+
+    @gluon.jit
+    def _requant_tile(acc, rows_ok, res_off, rn, n_ok, res, scale, bias, out_inv, res_scale, HAS_BIAS: gl.constexpr,
+                      HAS_RES: gl.constexpr, ACT: gl.constexpr):
+        """kernels/int8_gemm.epilogue's int8 values of an accumulator tile: fp32(acc)·scale[n] + bias[n] (+ the int8
+        residual at `res_off` + n times res_scale), the activation, requantized (rounded by the 1.5·2²³ add)."""
         v = acc.to(gl.float32) * gl.expand_dims(gl.load(scale + rn, mask=n_ok, other=0.0), 0)
         if HAS_BIAS:
             v += gl.expand_dims(gl.load(bias + rn, mask=n_ok, other=0.0), 0)
         if HAS_RES:
-            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
-            ptrs = res + gl.expand_dims(rm * s_rm, 1) + gl.expand_dims(rn, 0)
-            mask = gl.expand_dims(rm < M, 1) & gl.expand_dims(n_ok, 0)
-            v += gl.load(ptrs, mask=mask, other=0).to(gl.float32) * res_scale
+            mask = gl.expand_dims(rows_ok, 1) & gl.expand_dims(n_ok, 0)
+            r = gl.load(res + gl.expand_dims(res_off, 1) + gl.expand_dims(rn, 0), mask=mask, other=0)
+            v += r.to(gl.float32) * res_scale
         if ACT == "relu":  # as kernels/common.activate
             v = gl.maximum(v, 0.0)
         elif ACT == "gelu_erf":
             v = 0.5 * v * (1.0 + gl.erf(v * 0.7071067811865476))
         q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
-        q = (q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS
-        c_s = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
-        c_s.store(q.to(gl.int8))
-        fence_async_shared()
-        _tma_store(c_desc, [off_m, off_n], c_s)
-        tma.store_wait(0)
-
-
-    @gluon.jit
-    def _epilogue_store(acc, mma: gl.constexpr, rows_ok, row_off, res_off, rn, n_ok, res, y, scale, bias, out_inv,
-                        res_scale, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr):
-        """The conv tile's epilogue (the GEMM's arithmetic) and its masked NHWC store: rows at `row_off` in y and
-        `res_off` in the residual, channels rn contiguous."""
-        v = acc.to(gl.float32) * gl.expand_dims(gl.load(scale + rn, mask=n_ok, other=0.0), 0)
-        if HAS_BIAS:
-            v += gl.expand_dims(gl.load(bias + rn, mask=n_ok, other=0.0), 0)
-        mask = gl.expand_dims(rows_ok, 1) & gl.expand_dims(n_ok, 0)
-        if HAS_RES:
-            r = gl.load(res + gl.expand_dims(res_off, 1) + gl.expand_dims(rn, 0), mask=mask, other=0)
-            v += r.to(gl.float32) * res_scale
-        if ACT == "relu":
-            v = gl.maximum(v, 0.0)
-        elif ACT == "gelu_erf":
-            v = 0.5 * v * (1.0 + gl.erf(v * 0.7071067811865476))
-        q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
-        q = (q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS
-        gl.store(y + gl.expand_dims(row_off, 1) + gl.expand_dims(rn, 0), q.to(gl.int8), mask=mask)
+        return ((q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS).to(gl.int8)
 
     @gluon.jit
     def _wgmma_conv_kernel(x_desc, w_desc, scale, bias, res, y, OH, OW, CO, C, KW, ph, pw, dh, dw, out_inv,
@@ -197,9 +183,11 @@ if gluon is not None:
         i = gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
         oh, ow = oh0 + i // BW, ow0 + i % BW
         rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-        _epilogue_store(acc, mma, (oh < OH) & (ow < OW), n * s_yn + oh * s_yh + ow * s_yw,
-                        n * s_rn + oh * s_rh + ow * s_rw, rn, rn < CO, res, y, scale, bias, out_inv, res_scale,
-                        HAS_BIAS, HAS_RES, ACT)
+        rows_ok = (oh < OH) & (ow < OW)
+        q = _requant_tile(acc, rows_ok, n * s_rn + oh * s_rh + ow * s_rw, rn, rn < CO, res, scale, bias, out_inv,
+                          res_scale, HAS_BIAS, HAS_RES, ACT)
+        y_off = gl.expand_dims(n * s_yn + oh * s_yh + ow * s_yw, 1) + gl.expand_dims(rn, 0)
+        gl.store(y + y_off, q, mask=gl.expand_dims(rows_ok, 1) & gl.expand_dims(rn < CO, 0))
 
 
 def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
