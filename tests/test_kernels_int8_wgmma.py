@@ -168,3 +168,63 @@ def test_gpu_wgmma_conv_is_bit_exact(res):
             got = int8_gemm_wgmma.conv2d(x, w, scale, (k, k), pads, (1, 1), bias, config=cfg, **kw)
             assert torch.equal(got, want), (k, cfg)
 
+
+
+def test_stream_configs_keep_the_reduction_whole_in_shared_memory():
+    for n, k, res in [(256, 64, True), (1024, 256, True), (2048, 512, False), (64, 256, False)]:
+        cfgs = int8_gemm_wgmma.stream_configs(n, k, 227 * 1024, res)
+        assert cfgs and all(k % c["BLOCK_K"] == 0 and c["BLOCK_K"] <= 128 for c in cfgs), (n, k)
+        for c in cfgs:
+            need = 2 * c["BLOCK_M"] * k + c["BLOCK_N"] * k + (2 + 2 * res) * c["BLOCK_M"] * c["BLOCK_N"]
+            assert c["stream"] * need <= 227 * 1024
+    assert not int8_gemm_wgmma.stream_configs(256, 1024, 227 * 1024, True)  # too long: the pipelined kernel's
+    assert not int8_gemm_wgmma.stream_configs(256, 80, 227 * 1024, True)  # not whole 32-wide wgmma steps
+    assert all(c["BLOCK_N"] <= 64 for c in int8_gemm_wgmma.stream_configs(64, 256, 227 * 1024, False))
+
+
+@needs_gluon
+def test_wgmma_tactic_tries_the_streaming_kernel_first_for_short_reductions():
+    g = torch.Generator().manual_seed(3)
+    configs = registry.get("triton_int8_gemm_wgmma").configs(_conv(g, c=64, co=256)[0], GPU_LIKE, 3)
+    assert configs[0].get("stream") and any("STAGES" in c for c in configs)
+
+
+@needs_gluon
+@pytest.mark.parametrize("res", [False, True])
+def test_wgmma_stream_kernel_compiles_for_hopper_overlapping_loads_and_stores(res):
+    """AOT for sm90: TMA loads and stores around the wgmmas, the weight block loaded once, no fused multiply-add."""
+    for n, k in [(256, 64), (1024, 256)]:
+        for cfg in int8_gemm_wgmma.stream_configs(n, k, 227 * 1024, res)[:2]:
+            bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+            sig = {"a_desc": _desc_sig([bm, bk]), "w_desc": _desc_sig([bn, bk]), "c_desc": _desc_sig([bm, bn]),
+                   "r_desc": _desc_sig([bm, bn]), "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32",
+                   "out_inv": "fp32", "res_scale": "fp32"}
+            consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "relu", "KT": k // bk}
+            ptx = _compile_sm90(int8_gemm_wgmma._wgmma_stream_kernel, sig, consts, cfg["num_warps"]).asm["ptx"]
+            assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared" in ptx, cfg
+            assert "fma.rn.f32" not in ptx, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("res", [False, True])
+def test_gpu_wgmma_stream_gemm_is_bit_exact(res):
+    """The persistent streaming kernel, every tile, ragged M and N, one and two K boxes: the pointer GEMM's bits."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
+    if not int8_gemm_wgmma.available():
+        pytest.skip("this triton has no Gluon")
+    g = torch.Generator(device="cuda").manual_seed(4)
+    for m, n, k in [(5000, 208, 64), (777, 336, 256), (300, 96, 512)]:
+        a = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8, generator=g)
+        w = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+        scale = torch.rand(n, device="cuda", generator=g) * 1e-4
+        bias = torch.randn(n, device="cuda", generator=g)
+        kw = dict(out_scale=0.05, activation="relu")
+        if res:
+            kw |= dict(residual=torch.randint(-127, 128, (m, n), device="cuda", dtype=torch.int8, generator=g),
+                       res_scale=0.01)
+        want = int8_gemm.matmul(a, w.t(), scale, bias, **kw)
+        cfgs = int8_gemm_wgmma.stream_configs(n, k, 227 * 1024, res)
+        assert cfgs
+        for cfg in cfgs:
+            assert torch.equal(int8_gemm_wgmma.matmul(a, w, scale, bias, config=cfg, **kw), want), (m, n, k, cfg)

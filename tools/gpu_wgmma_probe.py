@@ -21,7 +21,8 @@ from gpu_int8_tma_probe import CONVS3, SMEM, best, ms  # noqa: E402
 from kiln.kernels import int8_conv, int8_gemm_tma, int8_gemm_wgmma as wg  # noqa: E402
 
 # (label, M, K, N, residual?)
-GEMMS = [("square 8192", 8192, 8192, 8192, False), ("square 4096", 4096, 4096, 4096, False),
+GEMMS = [("square 4096", 4096, 4096, 4096, False), ("r50 l2 128->512 +res", 64 * 28 * 28, 128, 512, True),
+         ("r50 l1 256->64", 64 * 56 * 56, 256, 64, False),
          ("bert qkv", 8192, 768, 2304, False), ("bert ffn1", 8192, 768, 3072, False),
          ("bert ffn2", 8192, 3072, 768, False), ("r50 l1 64->256 +res", 64 * 56 * 56, 64, 256, True),
          ("r50 l3 1024->256", 64 * 14 * 14, 1024, 256, False), ("r50 l3 256->1024 +res", 64 * 14 * 14, 256, 1024, True),
@@ -55,13 +56,17 @@ def main() -> None:
                            for c in int8_gemm_tma.configs(m, n, k, SMEM)])
         cfgs = wg.configs(m, n, k, SMEM) + [dict(zip(wg.CONFIG_KEYS, t)) for t in EXTRA]
         row["wgmma"] = best([(str(c), lambda c=c: wg.matmul(a, w, scale, bias, config=c, **kw)) for c in cfgs])
+        row["stream"] = best([(str(c), lambda c=c: wg.matmul(a, w, scale, bias, config=c, **kw))
+                              for c in wg.stream_configs(n, k, SMEM, has_res)]) if k <= wg.STREAM_K else None
         row["wgmma_equal"] = bool(torch.equal(int8_gemm_tma.matmul(a, w, scale, bias, config=int8_gemm_tma.configs(
             m, n, k, SMEM)[0], **kw), wg.matmul(a, w, scale, bias, config=cfgs[0], **kw)))
         rows.append(row)
         o = row["ops"]
         print(f"{label:24} TOP/s fp16 {tops(o, row['fp16_cublas']):6.0f}  int_mm {tops(o, row['int_mm']):6.0f}  "
               f"tma {tops(o, row['tma'][0]):6.0f} ({row['tma'][0] * 1e3:.1f} us)  wgmma {tops(o, row['wgmma'][0]):6.0f} "
-              f"({row['wgmma'][0] * 1e3:.1f} us) {row['wgmma'][1]} equal {row['wgmma_equal']}", flush=True)
+              f"({row['wgmma'][0] * 1e3:.1f} us) {row['wgmma'][1]} equal {row['wgmma_equal']}"
+              + (f"  stream {tops(o, row['stream'][0]):6.0f} ({row['stream'][0] * 1e3:.1f} us) {row['stream'][1]}"
+                 if row["stream"] else ""), flush=True)
     for label, n, c, hw, co in CONVS3:
         x8 = torch.randint(-100, 100, (n, c, hw, hw), device="cuda", dtype=torch.int8)
         x8 = x8.contiguous(memory_format=torch.channels_last)

@@ -10,6 +10,8 @@ by the 1.5·2²³ add). Needs triton's Gluon (3.6+) and compute capability 9.0.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -22,6 +24,7 @@ try:  # Gluon is experimental: without it (or on an older triton) the tactic ref
     # the TMA copies' names: triton 3.6 (the GPU machine's) and later releases differ
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    _sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier  # a CTA-wide bar.sync: renamed after 3.6
 except ImportError:  # pragma: no cover
     gluon = None
 
@@ -31,6 +34,9 @@ from kiln.kinds.quantized import inv_scale
 
 ACTIVATIONS = ("none", "relu", "gelu_erf")
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
+STREAM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "stream")  # stream: programs per multiprocessor
+STREAM_K = 512  # reductions short enough to stay whole in shared memory: the streaming kernel's
+_STREAM = [(128, 128, 8), (128, 64, 4), (64, 128, 4), (128, 128, 4)]  # (BLOCK_M, BLOCK_N, num_warps)
 CONV_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
 # output blocks of 64-128 pixels (BH·BW a multiple of 16 rows per warp), the 4-D TMA conv's shapes
 _CONV_SPACE = [(8, 16, 64, 64, 4, 4), (8, 8, 128, 64, 4, 4), (8, 16, 128, 64, 4, 4), (16, 8, 64, 64, 4, 4),
@@ -38,6 +44,12 @@ _CONV_SPACE = [(8, 16, 64, 64, 4, 4), (8, 8, 128, 64, 4, 4), (8, 16, 128, 64, 4,
 _SPACE = [(128, 128, 64, 4, 4), (128, 64, 64, 5, 4), (256, 128, 64, 3, 8), (64, 128, 128, 4, 4),
           (128, 128, 128, 3, 8), (64, 64, 64, 4, 4)]  # the last fits a block's default 48 KiB
 _SHORT = [(128, 128, 64, 2, 4), (128, 64, 64, 2, 4)]
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(device: torch.device) -> int:
+    """The multiprocessors a streaming launch spreads its programs over (4 on the CPU)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def available() -> bool:
@@ -117,6 +129,78 @@ if gluon is not None:
         tma.store_wait(0)
 
     @gluon.jit
+    def _wgmma_stream_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, out_inv, res_scale,
+                             HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr, KT: gl.constexpr):
+        """Persistent GEMM for short reductions (ResNet's 1x1 convs): a program keeps its [BLOCK_N, K] weight block in
+        shared memory and walks m-tiles, loading tile i+1's rows (and int8 residual) by TMA while tile i is multiplied,
+        requantized and stored, so that the memory traffic of the epilogue and of the loads overlap."""
+        BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        step = gl.num_programs(0) // tiles_n  # programs per n-block; those sharing an m-tile run side by side
+        off_n = (gl.program_id(0) % tiles_n) * BLOCK_N
+        first = gl.program_id(0) // tiles_n
+        count = gl.cdiv(gl.cdiv(M, BLOCK_M) - first, step)
+
+        w_s = gl.allocate_shared_memory(w_desc.dtype, [KT, BLOCK_N, BLOCK_K], w_desc.layout)
+        a_s = gl.allocate_shared_memory(a_desc.dtype, [2 * KT, BLOCK_M, BLOCK_K], a_desc.layout)
+        r_s = gl.allocate_shared_memory(r_desc.dtype, [2 if HAS_RES else 1, BLOCK_M, BLOCK_N], r_desc.layout)
+        c_s = gl.allocate_shared_memory(c_desc.dtype, [2, BLOCK_M, BLOCK_N], c_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # weights, stage 0, stage 1
+        for i in gl.static_range(3):
+            mbarrier.init(bars.index(i), count=1)
+        mbarrier.expect(bars.index(0), KT * BLOCK_N * BLOCK_K)
+        for kk in gl.static_range(KT):
+            _tma_load(w_desc, [off_n, kk * BLOCK_K], bars.index(0), w_s.index(kk))
+        nbytes: gl.constexpr = KT * BLOCK_M * BLOCK_K + (BLOCK_M * BLOCK_N if HAS_RES else 0)
+        _stream_issue(a_desc, r_desc, first * BLOCK_M, off_n, bars.index(1), a_s, r_s, 0, nbytes, KT, HAS_RES,
+                      count > 0)
+
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, BLOCK_N, 32])
+        rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        n_ok = rn < N
+        col_scale = gl.expand_dims(gl.load(scale + rn, mask=n_ok, other=0.0), 0)
+        col_bias = gl.expand_dims(gl.load(bias + rn, mask=n_ok, other=0.0), 0)
+        mbarrier.wait(bars.index(0), 0)
+        for i in range(count):
+            s = i % 2
+            _sync_warps()  # every warp is past tile i-1, whose stage the prefetch below refills
+            _stream_issue(a_desc, r_desc, (first + (i + 1) * step) * BLOCK_M, off_n, bars.index(2 - s), a_s, r_s,
+                          1 - s, nbytes, KT, HAS_RES, i + 1 < count)
+            mbarrier.wait(bars.index(1 + s), (i // 2) & 1)
+            acc = gl.zeros((BLOCK_M, BLOCK_N), gl.int32, layout=mma)
+            for kk in gl.static_range(KT):
+                acc = warpgroup_mma(a_s.index(s * KT + kk), w_s.index(kk).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            v = acc.to(gl.float32) * col_scale
+            if HAS_BIAS:
+                v += col_bias
+            if HAS_RES:
+                v += r_s.index(s).load(mma).to(gl.float32) * res_scale
+            q = _activate_requant(v, out_inv, ACT)
+            tma.store_wait(1)  # tile i-2's store has left c_s[s]
+            _sync_warps()
+            c_s.index(s).store(q)
+            fence_async_shared()
+            _sync_warps()  # the whole tile is in c_s[s] before one thread stores it
+            _tma_store(c_desc, [(first + i * step) * BLOCK_M, off_n], c_s.index(s))
+        tma.store_wait(0)
+        for i in gl.static_range(3):
+            mbarrier.invalidate(bars.index(i))
+
+    @gluon.jit
+    def _stream_issue(a_desc, r_desc, off_m, off_n, bar, a_s, r_s, stage, nbytes: gl.constexpr, KT: gl.constexpr,
+                      HAS_RES: gl.constexpr, pred):
+        """The streaming kernel's loads for one m-tile into `stage`: its KT row blocks and its residual tile."""
+        mbarrier.expect(bar, nbytes, pred=pred)
+        for kk in gl.static_range(KT):
+            _tma_load(a_desc, [off_m, kk * a_desc.block_type.shape[1]], bar, a_s.index(stage * KT + kk), pred=pred)
+        if HAS_RES:
+            _tma_load(r_desc, [off_m, off_n], bar, r_s.index(stage), pred=pred)
+
+    @gluon.jit
     def _requant_tile(acc, rows_ok, res_off, rn, n_ok, res, scale, bias, out_inv, res_scale, HAS_BIAS: gl.constexpr,
                       HAS_RES: gl.constexpr, ACT: gl.constexpr):
         """kernels/int8_gemm.epilogue's int8 values of an accumulator tile: fp32(acc)·scale[n] + bias[n] (+ the int8
@@ -128,6 +212,11 @@ if gluon is not None:
             mask = gl.expand_dims(rows_ok, 1) & gl.expand_dims(n_ok, 0)
             r = gl.load(res + gl.expand_dims(res_off, 1) + gl.expand_dims(rn, 0), mask=mask, other=0)
             v += r.to(gl.float32) * res_scale
+        return _activate_requant(v, out_inv, ACT)
+
+    @gluon.jit
+    def _activate_requant(v, out_inv, ACT: gl.constexpr):
+        """The activation, then int8 at out_inv: clamped to ±127, rounded half to even by the 1.5·2²³ add."""
         if ACT == "relu":  # as kernels/common.activate
             v = gl.maximum(v, 0.0)
         elif ACT == "gelu_erf":
@@ -203,6 +292,22 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
     return out
 
 
+def stream_configs(n: int, k: int, smem: int, residual: bool) -> list[dict]:
+    """The streaming kernel's tiles for a reduction of at most STREAM_K (whole 32-wide steps, whole 128-wide boxes past
+    128): its weight block, two
+    stages of rows (and residual tiles) and two output tiles fitting `smem`; none for longer reductions."""
+    bk = min(k, 128)  # one TMA box is at most 128 bytes wide (its swizzle); one wgmma takes 32 of K
+    if k > STREAM_K or k % 32 or k % bk:
+        return []
+    out = []
+    for bm, bn, warps in _STREAM:
+        need = 2 * bm * k + bn * k + (2 + 2 * residual) * bm * bn
+        if need <= smem and bn <= max(64, n):
+            per_sm = 2 if 2 * (need + 1024) <= smem else 1  # two programs to an SM where both fit
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "stream": per_sm})
+    return out
+
+
 def _desc(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int8))
 
@@ -224,6 +329,19 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         return c
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     r = residual if residual is not None else c
+    if config.get("stream"):
+        if k > STREAM_K or k % bk:
+            raise ValueError(f"the streaming kernel takes reductions of at most {STREAM_K}, in whole blocks")
+        if r.stride(1) != 1 or r.stride(0) % 16:
+            raise ValueError("the streaming kernel reads the residual by TMA: dense rows of 16-byte multiples only")
+        tiles_n = triton.cdiv(n, bn)
+        per_n = max(1, min(triton.cdiv(m, bm), config["stream"] * _programs(a.device) // tiles_n))
+        _wgmma_stream_kernel[(tiles_n * per_n,)](
+            _desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), _desc(r, [bm, bn]), scale,
+            bias if bias is not None else scale, m, n, inv_scale(out_scale), float(res_scale or 1.0),
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KT=k // bk,
+            num_warps=config["num_warps"], enable_fp_fusion=False)
+        return c
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _wgmma_gemm_kernel[grid](_desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), r, r.stride(0), scale,
                              bias if bias is not None else scale, m, n, k, inv_scale(out_scale),

@@ -1,4 +1,5 @@
-"""int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight, and stride-1
+"""int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight (or, for reductions short
+enough to stay in shared memory, its persistent streaming variant), and stride-1
 QuantConv through its implicit-GEMM conv (4-D TMA input boxes fed to wgmma from shared memory), both in
 kernels/int8_gemm_wgmma.py, Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out,
 an int8 residual) and whose rows TMA can address (multiples of 16 channels). The autotuner times them against
@@ -53,8 +54,11 @@ def _supports_conv(spec: LayerSpec, device) -> str | None:
 
 
 def _configs(spec: LayerSpec, device, level: int):
-    w = spec.inputs[1].const
-    return nhwc(spec, int8_gemm_wgmma.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device)))
+    """The streaming kernel's tiles first where the reduction stays whole in shared memory, then the pipelined ones."""
+    w, smem = spec.inputs[1].const, smem_limit(device)
+    n, k = w.shape[0], w[0].numel()
+    return nhwc(spec, int8_gemm_wgmma.stream_configs(n, k, smem, int8_lowering.has_residual(spec))
+                + int8_gemm_wgmma.configs(_m(spec), n, k, smem))
 
 
 def _compile(spec: LayerSpec, config, device):
@@ -62,7 +66,7 @@ def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
     has_residual = int8_lowering.has_residual(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              config={k: config[k] for k in int8_gemm_wgmma.CONFIG_KEYS})
+              config={k: v for k, v in config.items() if k != "layout"})
 
     def run(inputs, out=None):
         x = inputs[0]
