@@ -42,3 +42,48 @@ def test_max_pool_writes_into_a_given_buffer():
     y = pool.max_pool2d(x, (2, 2), (2, 2), (0, 0), (1, 1), (3, 3), out=buf)
     assert y.data_ptr() == buf.data_ptr()
     assert torch.equal(y, torch.nn.functional.max_pool2d(x.float(), 2).to(torch.int8))
+
+
+@pytest.mark.parametrize("op", ["avg", "max"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_global_pool_equals_torch(op, dtype, channels_last):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 70, 5, 7, generator=g).to(dtype)  # ragged channel and pixel blocks
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    want = x.float().amax((2, 3), keepdim=True) if op == "max" else x.float().mean((2, 3), keepdim=True)
+    for cfg in pool.GLOBAL_CONFIGS:
+        got = pool.global_pool2d(x, op, cfg)
+        assert got.shape == (3, 70, 1, 1) and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, rtol=1e-3 if dtype == torch.float16 else 1e-5, atol=1e-3)
+
+
+def test_global_pool_refuses_maps_whose_pixels_do_not_flatten():
+    x = torch.randn(1, 4, 6, 6)[:, :, :, :3]
+    with pytest.raises(ValueError, match="flatten"):
+        pool.global_pool2d(x, "avg")
+
+
+@pytest.mark.parametrize("kind", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_triton_global_pool_tactic_runs_an_engine_like_the_reference(tmp_path, kind):
+    """An engine with the pool on triton_global_pool (writing into its arena place) matches the reference engine."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    import kiln
+    from test_memory_plan import _forced, _named
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node(kind, ["r"], ["p"]),
+                           helper.make_node("Relu", ["p"], ["y"])], "gp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 40, 6, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 40, 1, 1])])
+    path = tmp_path / "gp.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    ref = kiln.build(str(path), kiln.BuildConfig.with_shapes({"x": (2, 40, 6, 5)}, device="cpu"))
+    eng = _forced(ref, _named("triton_global_pool", "triton_pointwise"))
+    pool = next(la.name for la in eng.network.layers if la.kind == kind)
+    assert eng.tactics[pool].tactic == "triton_global_pool"
+    x = np.random.default_rng(0).normal(size=(2, 40, 6, 5)).astype(np.float32)
+    np.testing.assert_allclose(eng.run({"x": x})["y"], ref.run({"x": x})["y"], rtol=1e-5, atol=1e-6)

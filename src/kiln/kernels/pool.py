@@ -54,3 +54,43 @@ def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[
                                *y.stride(), BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
                                num_warps=cfg["num_warps"])
     return y
+
+
+GLOBAL_CONFIGS = [{"BLOCK_HW": 32, "BLOCK_C": 128, "num_warps": 4}, {"BLOCK_HW": 64, "BLOCK_C": 64, "num_warps": 4},
+                  {"BLOCK_HW": 16, "BLOCK_C": 256, "num_warps": 4}]
+
+
+@triton.jit
+def _global_pool_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr, BLOCK_HW: tl.constexpr,
+                        BLOCK_C: tl.constexpr):
+    n = tl.program_id(0)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = rc < C
+    acc = tl.full((BLOCK_C,), float("-inf") if MAX else 0.0, tl.float32)
+    base = x + n.to(tl.int64) * s_xn
+    for p0 in range(0, HW, BLOCK_HW):
+        rp = p0 + tl.arange(0, BLOCK_HW)
+        mask = (rp < HW)[:, None] & c_ok[None, :]
+        v = tl.load(base + rp[:, None] * s_xp + rc[None, :] * s_xc, mask=mask, other=float("-inf") if MAX else 0.0)
+        if MAX:
+            acc = tl.maximum(acc, tl.max(v.to(tl.float32), 0))
+        else:
+            acc += tl.sum(v.to(tl.float32), 0)
+    if not MAX:
+        acc = acc * inv_hw
+    tl.store(y + n.to(tl.int64) * C + rc, acc.to(y.dtype.element_ty), mask=c_ok)
+
+
+def global_pool2d(x: torch.Tensor, op: str, config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GlobalAveragePool (op "avg", summed in fp32) or GlobalMaxPool ("max") of a float x [N, C, H, W] whose H and W
+    flatten into one stride (NCHW or channels_last): [N, C, 1, 1]; each program one image × a block of channels."""
+    cfg = config or GLOBAL_CONFIGS[0]
+    n, c, h, w = x.shape
+    if h > 1 and x.stride(2) != w * x.stride(3):
+        raise ValueError("H and W must flatten into one stride (NCHW or channels_last)")
+    y = take(out, (n, c, 1, 1), x.dtype, x.device)
+    if y.numel():
+        _global_pool_kernel[(n, triton.cdiv(c, cfg["BLOCK_C"]))](
+            x, y, c, h * w, x.stride(0), x.stride(1), x.stride(3), 1.0 / max(h * w, 1), MAX=op == "max",
+            BLOCK_HW=cfg["BLOCK_HW"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"])
+    return y

@@ -1,5 +1,6 @@
 """2-D MaxPool through the Triton kernel (kernels/pool.py): float, and the int8 / fp8 activations of quantized
-engines (torch has no integer max pooling on CUDA); timed against torch_pool on float inputs."""
+engines (torch has no integer max pooling on CUDA); timed against torch_pool on float inputs. Global average and
+max pooling of float 2-D maps too: torch's mean over a channels_last map's H and W is a slow strided reduction."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ def _compile(spec: LayerSpec, config, device):
 
 
 register(Tactic("triton_pool", ("MaxPool",), _compile, _supports, _configs, priority=12, writes_out=True))
+
+
+def _supports_global(spec: LayerSpec, device) -> str | None:
+    x = spec.inputs[0]
+    if rank(x) != 4:
+        return "2-D maps only"
+    if x.dtype not in DTYPES[:3] or spec.outputs[0].dtype is not x.dtype:
+        return "float maps only"
+    return dtype_reason(x.dtype.torch, device)
+
+
+def _compile_global(spec: LayerSpec, config, device):
+    op = "max" if spec.kind == "GlobalMaxPool" else "avg"
+    return lambda inputs, out=None: [pool.global_pool2d(inputs[0], op, config, first(out))]
+
+
+register(Tactic("triton_global_pool", ("GlobalAveragePool", "GlobalMaxPool"), _compile_global, _supports_global,
+                lambda spec, device, level: list(pool.GLOBAL_CONFIGS[:1] if level <= 1 else pool.GLOBAL_CONFIGS),
+                priority=12, writes_out=True))
