@@ -36,8 +36,8 @@ def _epilogue_reason(spec: LayerSpec) -> str | None:
 def _gemm_reason(spec: LayerSpec) -> str | None:
     a, w = spec.attrs, spec.inputs[1].const
     if spec.kind == "QuantConv" and (w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or any(a.get("pads", [0]))
-                                     or a.get("group", 1) != 1):
-        return "1x1, unpadded convs only (their rows are a view; a strided one's are gathered first)"
+                                     or tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1):
+        return "1x1, stride-1, unpadded convs only (their rows are a view)"
     if w.shape[0] % 16 or w[0].numel() % 16:
         return "K and N must be multiples of 16 (TMA's 16-byte rows)"
     return None
