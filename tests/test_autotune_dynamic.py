@@ -99,3 +99,17 @@ def test_opt_shapes_only_for_gpu_builds_with_symbolic_inputs():
     config = kiln.BuildConfig(profiles=({"x": ((1, 4), (8, 4), (16, 4))},))
     assert build.opt_tensor_shapes(net, config, SimpleNamespace(backend="cpu")) is None
     assert build.opt_tensor_shapes(net, kiln.BuildConfig(), FakeCuda()) is None
+
+
+def test_a_layer_whose_unread_output_has_no_shape_is_checked_and_timed(monkeypatch):
+    """A fused AddLayerNorm whose sum no layer reads (dtype and shape None) is still a static layer: the tuner checks
+    its candidates instead of taking the first by priority (BERT's int8 add+LayerNorms went to torch that way)."""
+    layer, spec = _specs()
+    unread = LayerSpec(spec.name, spec.kind, {}, (ValueSpec(F32, (8, 40)), spec.inputs[1]),
+                       (ValueSpec(F32, (8, 24)), ValueSpec(None, None)))
+    assert unread.static
+    assert not LayerSpec(spec.name, spec.kind, {}, unread.inputs, (ValueSpec(F32, (8, 24)), ValueSpec(F32, None))).static
+    monkeypatch.setattr(registry, "candidates", lambda s, d: ([BAD, GOOD], []))
+    choice = Autotuner(FakeCuda(), 0, False, None).choose(unread)
+    assert choice.tactic == "right"
+    assert any(label.startswith("wrong_when_rows_over_4") and "wrong result" in why for label, why in choice.rejected)

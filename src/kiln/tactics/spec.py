@@ -44,7 +44,9 @@ class LayerSpec:
 
     @property
     def static(self) -> bool:
-        return all(v is None or v.static for v in self.inputs) and all(v.static for v in self.outputs)
+        """Every input and every output some layer reads has a static shape (an unread output has none)."""
+        return all(v is None or v.static for v in self.inputs) and all(v.static or v.dtype is None
+                                                                       for v in self.outputs)
 
     def signature(self) -> str:
         """A stable hash of everything about the layer that can change which tactic is fastest or valid."""
