@@ -1,7 +1,9 @@
 """int8 GEMM for Hopper written in Gluon, so that one wgmma stays in flight while the next is issued: Triton's
 pipeliner keeps a wgmma asynchronous only when its accumulator is fp32, so every int8 `tl.dot` waits for its
-own completion (kernels/int8_gemm_tma.py runs at about a quarter of int8 peak for that reason). Here the loop
-issues wgmma k, waits until at most one is pending (wgmma k-1 done), and refills k-1's shared-memory slot by TMA.
+own completion. Here the loop issues wgmma k, waits until at most one is pending (wgmma k-1 done), and refills
+k-1's shared-memory slot by TMA: 1278 against 1071 TOP/s at 4096³ on an H100. For short reductions (ResNet's 1x1
+convs, bound by memory and per-tile latency) a persistent streaming kernel overlaps one tile's loads with the
+previous tile's epilogue instead.
 
 Same arithmetic as kernels/int8_gemm.epilogue for the cases it takes: fp32(acc)·scale[n] + bias[n] (+ an int8
 residual times res_scale), ReLU, erf GELU or none, requantized to int8 (v·out_inv clamped to ±127, rounded half to even
