@@ -15,6 +15,14 @@ GPU_LIKE = Device("cuda", "test", "cuda")  # supports() reads the backend and ca
 needs_gluon = pytest.mark.skipif(not int8_gemm_wgmma.available(), reason="this triton has no Gluon")
 
 
+def _needs_hopper():
+    """Skips a GPU test without a Hopper GPU (wgmma, TMA) or without Gluon."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
+    if not int8_gemm_wgmma.available():
+        pytest.skip("this triton has no Gluon")
+
+
 def _conv(g, k=1, strides=(1, 1), act="Relu", res_scale=0.02, c=32, co=48):
     attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [k, k], "pads": [k // 2] * 4,
              "strides": list(strides), "x_scale": 0.1, "out_scale": 0.5, "res_scale": res_scale} | EPI | {
@@ -122,10 +130,7 @@ def test_wgmma_configs_fit_shared_memory():
 @pytest.mark.parametrize("res,act", [(False, "relu"), (True, "relu"), (False, "gelu_erf"), (False, "none")])
 def test_gpu_wgmma_gemm_is_bit_exact(res, act):
     """Every tile, ragged M / N / K edges, with and without an int8 residual: the pointer GEMM's bits."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
-    if not int8_gemm_wgmma.available():
-        pytest.skip("this triton has no Gluon")
+    _needs_hopper()
     g = torch.Generator(device="cuda").manual_seed(1)
     m, n, k = 1000, 208, 336
     a = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8, generator=g)
@@ -146,10 +151,7 @@ def test_gpu_wgmma_gemm_is_bit_exact(res, act):
 def test_gpu_wgmma_conv_is_bit_exact(res):
     """3x3 / pad 1 and 1x1 convs on ragged 13x11 maps, every tile: kernels/int8_conv.py's bits."""
     from kiln.kernels import int8_conv
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
-    if not int8_gemm_wgmma.available():
-        pytest.skip("this triton has no Gluon")
+    _needs_hopper()
     g = torch.Generator(device="cuda").manual_seed(2)
     for k in (3, 1):
         x = torch.randint(-127, 128, (3, 48, 13, 11), device="cuda", dtype=torch.int8, generator=g)
@@ -209,10 +211,7 @@ def test_wgmma_stream_kernel_compiles_for_hopper_overlapping_loads_and_stores(re
 @pytest.mark.parametrize("res", [False, True])
 def test_gpu_wgmma_stream_gemm_is_bit_exact(res):
     """The persistent streaming kernel, every tile, ragged M and N, one and two K boxes: the pointer GEMM's bits."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
-    if not int8_gemm_wgmma.available():
-        pytest.skip("this triton has no Gluon")
+    _needs_hopper()
     g = torch.Generator(device="cuda").manual_seed(4)
     for m, n, k in [(5000, 208, 64), (777, 336, 256), (300, 96, 512)]:
         a = torch.randint(-127, 128, (m, k), device="cuda", dtype=torch.int8, generator=g)
