@@ -1,13 +1,14 @@
 """int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight (or, for reductions short
 enough to stay in shared memory, its persistent streaming variant), and stride-1
 QuantConv through its implicit-GEMM conv (4-D TMA input boxes fed to wgmma from shared memory), both in
-kernels/int8_gemm_wgmma.py, Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out,
+kernels/int8_gemm_wgmma.py, and stride-1 3x3 / 5x5 QuantConv through the halo-box conv (kernels/int8_conv_halo.py,
+each input pixel read K times from L2, not K²), Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out,
 an int8 residual) and whose rows TMA can address (multiples of 16 channels). The autotuner times them against
 the Triton tactics, whose int8 dots Triton cannot keep in flight."""
 
 from __future__ import annotations
 
-from kiln.kernels import int8_conv, int8_gemm_wgmma
+from kiln.kernels import int8_conv, int8_conv_halo, int8_gemm_wgmma
 from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import INT8
@@ -104,4 +105,53 @@ def _compile_conv(spec: LayerSpec, config, device):
 
 
 register(Tactic("triton_int8_conv_wgmma", ("QuantConv",), _compile_conv, _supports_conv, _conv_configs, priority=18,
+                arch_specific=True, writes_out=True))
+
+
+def _halo_reason(spec: LayerSpec) -> str | None:
+    a, w = spec.attrs, spec.inputs[1].const
+    if spec.kind != "QuantConv" or w is None or w.dim() != 4:
+        return "2-D convolutions only"
+    if w.shape[2] != w.shape[3] or w.shape[2] not in (3, 5):
+        return "3x3 and 5x5 kernels only (a halo of a power-of-two rows)"
+    if tuple(a.get("strides", (1, 1))) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) or \
+            a.get("group", 1) != 1:
+        return "stride 1, dilation 1, group 1 only"
+    return None
+
+
+def _supports_halo(spec: LayerSpec, device) -> str | None:
+    if not int8_conv_halo.available():
+        return "this triton's Gluon cannot view shared memory from inside a buffer (triton 3.6 can)"
+    reason = int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or _halo_reason(spec) or \
+        _device_reason(device)
+    if reason is None and not _halo_configs(spec, device, 3):
+        return "no tile fits: channels not multiples of 16, or the weight block too big for shared memory"
+    return reason
+
+
+def _halo_configs(spec: LayerSpec, device, level: int):
+    out, (co, c, k) = spec.outputs[0].shape, spec.inputs[1].const.shape[:3]
+    oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_halo.configs(
+        k, oh, ow, co, c, smem_limit(device), int8_lowering.has_residual(spec))]
+
+
+def _compile_halo(spec: LayerSpec, config, device):
+    a, form = spec.attrs, int8_lowering.gemm_form(spec)
+    w = int8_conv.pack_weight(spec.inputs[1].const)
+    pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
+    kernel = tuple(spec.inputs[1].const.shape[2:])
+    has_residual = int8_lowering.has_residual(spec)
+    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
+              config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
+
+    def run(inputs, out=None):
+        return [int8_conv_halo.conv2d(inputs[0], w, form.scale, kernel, pads, form.bias,
+                                      inputs[4] if has_residual else None, out=first(out), **kw)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv_halo", ("QuantConv",), _compile_halo, _supports_halo, _halo_configs, priority=18,
                 arch_specific=True, writes_out=True))
