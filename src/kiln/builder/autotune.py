@@ -7,6 +7,7 @@ and never aborts the build. Opt level 0 takes the highest-priority candidate tha
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,9 @@ from kiln.tactics.spec import LayerSpec, layer_spec
 
 REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
 CONFIGS_PER_TACTIC = {0: 1, 1: 1, 2: 2, 3: 8, 4: 32, 5: 1000}
-LAUNCH_COVER_CYCLES = 500_000  # GPU spin ahead of each timed run (≈ 0.25 ms at 2 GHz) while the host launches it
+# GPU spin ahead of each timed run (≈ 1 ms at 2 GHz) while the host launches it: Python launchers take 0.13-0.3 ms
+# on an H100 host (tools/gpu_launch_cost_probe.py), and a launch that outlasts the spin adds its excess to the time
+LAUNCH_COVER_CYCLES = 2_000_000
 TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 # Quantized layers (int32 accumulation is exact in every tactic): a requantized int8 output may differ by
 # 1 LSB (an fp32 epilogue value one ulp apart lands on the other side of a .5); a dequantized fp32 output
@@ -155,18 +158,25 @@ def workspace_bytes(kernel, inputs) -> int:
 def _time(kernel, inputs, repeats: int) -> float:
     """Median device microseconds of `repeats` runs, each between CUDA events queued behind a spin kernel: the
     host enqueues the run while the GPU spins, so its launch cost (tens of µs in Triton's Python launcher) is not
-    counted, as it is not in the CUDA graph an engine replays."""
+    counted, as it is not in the CUDA graph an engine replays. The garbage collector waits meanwhile (a collection
+    would outlast the spin)."""
     for _ in range(3):
         kernel(inputs)
     times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(LAUNCH_COVER_CYCLES)
-        start.record()
-        kernel(inputs)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
+            start.record()
+            kernel(inputs)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0)
+    finally:
+        if collecting:
+            gc.enable()
     return statistics.median(times)
 
 
