@@ -39,6 +39,44 @@ def _case(n, c, h, w, co, res, seed=0):
     return x, packed, scale, bias, kw
 
 
+def _stem() -> dict:
+    """ResNet-50 b64's stem (7x7 / 2 on 3 channels, ReLU, int8 out) through the space-to-depth tactics: the pointer
+    4x1 conv against the halo conv over S's overlapping rows; each tactic's best config, bits compared."""
+    from kiln.builder.device import detect
+    from kiln.tactics import registry
+    from kiln.ir import DType
+    from kiln.tactics.spec import LayerSpec, ValueSpec
+    from test_kernels_int8 import EPI
+    g = torch.Generator().manual_seed(0)
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [7, 7], "pads": [3] * 4,
+             "strides": [2, 2], "x_scale": 0.1, "out_scale": 0.5} | EPI | {"activation": "Relu"}
+    x = torch.randint(-100, 100, (64, 3, 224, 224), dtype=torch.int8, generator=g)
+    inputs = [x, torch.randint(-100, 100, (64, 3, 7, 7), dtype=torch.int8, generator=g),
+              torch.rand(64, generator=g) * 1e-4 + 1e-5, torch.randn(64, generator=g)]
+    args = [t.cuda() for t in inputs]
+    vals = tuple(ValueSpec(DType.from_torch(t.dtype), tuple(t.shape), t if 0 < i < 4 else None)
+                 for i, t in enumerate(args))
+    spec = LayerSpec("stem", "QuantConv", attrs, vals, (ValueSpec(DType.INT8, (64, 64, 112, 112)),))
+    gpu = detect("cuda")
+    row = {"shape": "r50 stem 7x7/2", "ops": 2 * 64 * 112 * 112 * 64 * 147}
+    outs = {}
+    for name in ("triton_int8_conv_s2d", "triton_int8_conv_s2d_halo"):
+        t = registry.get(name)
+        why = t.supports(spec, gpu)
+        if why:
+            row[name] = why
+            print(f"stem {name}: refused: {why}", flush=True)
+            continue
+        fns = [(str(c), (lambda run=t.compile(spec, c, gpu): run(args))) for c in t.configs(spec, gpu, 3)]
+        row[name] = best(fns)
+        outs[name] = dict(fns)[row[name][1]]()[0]
+        print(f"stem {name}: {row[name][0] * 1e3:.1f} us {row[name][1]}", flush=True)
+    if len(outs) == 2:
+        row["equal"] = bool(torch.equal(*outs.values()))
+        print(f"stem equal: {row['equal']}", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="halo-probe.json")
@@ -48,7 +86,7 @@ def main() -> None:
     for n, c, h, w, co, res in [(3, 64, 13, 11, 48, True), (2, 128, 28, 28, 128, False), (2, 64, 9, 20, 64, False)]:
         x, packed, scale, bias, kw = _case(n, c, h, w, co, res, seed=1)
         want = int8_conv.conv2d(x, packed, scale, (3, 3), (1, 1), [1] * 4, (1, 1), bias, **kw)
-        for cfg in halo.configs(3, h, w, co, c, SMEM, res) or [{"BH": 8, "BW": 16, "BLOCK_N": 64, "BLOCK_K": 64,
+        for cfg in halo.configs((3, 3), h, w, co, c, SMEM, res) or [{"BH": 8, "BW": 16, "BLOCK_N": 64, "BLOCK_K": 64,
                                                                  "STAGES": 2, "num_warps": 4, "stream": 1}]:
             try:
                 got = halo.conv2d(x, packed, scale, (3, 3), [1] * 4, bias, config=cfg, **kw)
@@ -68,7 +106,7 @@ def main() -> None:
                                                                 config=cf, **kw))
                              for cf in wg.conv_configs(hw, hw, co, c, SMEM)[:3]])
         row["halo_all"] = []
-        for cf in halo.configs(3, hw, hw, co, c, SMEM, False):
+        for cf in halo.configs((3, 3), hw, hw, co, c, SMEM, False):
             for variant in ({}, {"stream": 2}, {"STAGES": 3}):
                 cfg = cf | variant
                 if cfg != cf and cfg in [cf]:
@@ -84,6 +122,7 @@ def main() -> None:
               f"wgmma {row['wgmma'][0] * 1e3:.1f} us  halo "
               + (f"{row['halo'][0] * 1e3:.1f} us ({tops(o, row['halo'][0]):.0f} TOP/s) {row['halo'][1]}"
                  if row["halo"] else "none"), flush=True)
+    rows.append(_stem())
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                           "checks": checks, "rows": rows}, indent=1))
 

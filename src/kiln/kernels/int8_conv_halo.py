@@ -1,10 +1,10 @@
-"""Stride-1 KxK (3x3, 5x5) int8 conv for Hopper in Gluon that reads each input pixel from L2 K times, not K²: for a
-tile of BH x BW output pixels and one channel block it loads, per kernel column s, the halo box of BH + K - 1 input
-rows shifted by s, and feeds wgmma tap (r, s) as that box's rows r·BW onwards (a contiguous, swizzle-aligned slice
-of shared memory). The TMA conv (kernels/int8_gemm_wgmma.py) loads one box per tap and, for 64-channel layers, is
+"""Stride-1 KHxKW int8 conv for Hopper in Gluon that reads each input pixel from L2 KW times, not KH·KW: for a tile of
+BH x BW output pixels and one channel block it loads, per kernel column s, the halo box of BH + KH - 1 input rows
+shifted by s, and feeds wgmma tap (r, s) as that box's rows r·BW onwards (a contiguous, swizzle-aligned view of
+shared memory). It also runs the space-to-depth stem's 4x1 conv over overlapping rows (tactics/triton_int8_s2d.py). The TMA conv (kernels/int8_gemm_wgmma.py) loads one box per tap and, for 64-channel layers, is
 bound by L2 bandwidth; the pointer conv leans on L1 instead.
 
-The program is persistent: its weight block [K·K·C, BLOCK_N] stays in shared memory, the next tile's boxes load while
+The program is persistent: its weight block [KH·KW·C, BLOCK_N] stays in shared memory, the next tile's boxes load while
 this tile is multiplied, and the requantized tile leaves by a TMA store (clipped at the map's edge). Arithmetic as
 kernels/int8_gemm_wgmma.py, so kernels/int8_conv.py's bits.
 """
@@ -19,10 +19,9 @@ from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
 CONFIG_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps", "stream")
-# (BH, BW, BLOCK_N): 8x8 (two programs to a multiprocessor: 56-wide maps), 4x32 (28-wide maps), 128-pixel tiles
-# whose three halo boxes nearly fill a power of two of rows (16x8: 432 of 512), 32 channels where a 256-channel
-# layer's weight block is too big at 64; one warpgroup (four warps), so that the wgmma wait before a refill covers
-# every reader of the slot
+# (BH, BW, BLOCK_N): 8x8 (two programs to a multiprocessor: 56-wide maps), 4x32 (28-wide maps), 128-pixel tiles,
+# 32 channels where a 256-channel layer's weight block is too big at 64; one warpgroup (four warps), so that the
+# wgmma wait before a refill covers every reader of the slot
 _SPACE = [(8, 8, 64), (4, 32, 64), (16, 8, 64), (8, 16, 64), (16, 8, 128), (8, 16, 128), (8, 8, 32), (16, 8, 32)]
 BARRIER_BYTES = 64  # the mbarriers, per program
 
@@ -37,26 +36,25 @@ if wg.gluon is not None:
 
     @gluon.jit
     def _halo_issue(x_desc, t_desc, u, CB, first, step, tiles_w, tiles_hw, ph, pw, bar, a_s, stage,
-                    nbytes: gl.constexpr, pred):
+                    nbytes: gl.constexpr, pred, KW: gl.constexpr):
         """Unit u's loads (the program's tile u // CB, channel block u % CB): per kernel column s, the halo box of
-        BH + HALO input rows at column offset s - pw, as a BH-row box and a HALO-row box in consecutive rows of the
-        stage's [ROWS, BK] buffer (shared memory shapes are powers of two: the boxes sit in it one after another)."""
+        BH + T input rows at column offset s - pw, as a BH-row box and a T-row box (T ≥ KH - 1, box sides are
+        powers of two) in consecutive rows of the stage's part of a_s."""
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
-        HALO: gl.constexpr = t_desc.block_type.shape[1]
+        T: gl.constexpr = t_desc.block_type.shape[1]
         t = first + (u // CB) * step
         c0 = (u % CB) * BK
         n = t // tiles_hw
         ih = (t % tiles_hw) // tiles_w * BH - ph
         iw = (t % tiles_w) * BW - pw
         mbarrier.expect(bar, nbytes, pred=pred)
-        for s in gl.static_range(HALO + 1):
-            g = (stage * (HALO + 1) + s) * (BH + HALO) * BW // 8
-            wg._tma_load(x_desc, [n, ih, iw + s, c0], bar, _rows_at(a_s, g, [1, BH, BW, BK]),
+        for s in gl.static_range(KW):
+            g = (stage * KW + s) * (BH + T) * BW // 8
+            wg._tma_load(x_desc, [n, ih, iw + s, c0], bar, _rows_at(a_s, g, [1, BH, BW, BK]), pred=pred)
+            wg._tma_load(t_desc, [n, ih + BH, iw + s, c0], bar, _rows_at(a_s, g + BH * BW // 8, [1, T, BW, BK]),
                          pred=pred)
-            wg._tma_load(t_desc, [n, ih + BH, iw + s, c0], bar,
-                         _rows_at(a_s, g + BH * BW // 8, [1, HALO, BW, BK]), pred=pred)
 
     @gluon.jit
     def _rows_at(a_s, group, shape: gl.constexpr):
@@ -69,12 +67,12 @@ if wg.gluon is not None:
     @gluon.jit
     def _halo_conv_kernel(x_desc, t_desc, w_desc, y_desc, r_desc, scale, bias, CO, ph, pw, out_inv, res_scale,
                           tiles_w, tiles_hw, tiles, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
-                          ACT: gl.constexpr, CB: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
+                          ACT: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, CB: gl.constexpr,
+                          STAGES: gl.constexpr):
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
-        HALO: gl.constexpr = t_desc.block_type.shape[1]
-        KS: gl.constexpr = HALO + 1  # the kernel's side
+        T: gl.constexpr = t_desc.block_type.shape[1]  # halo rows loaded below the BH-row box: at least KH - 1
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BM: gl.constexpr = BH * BW
         tiles_n = gl.cdiv(CO, BN)
@@ -84,21 +82,21 @@ if wg.gluon is not None:
         count = gl.cdiv(tiles - first, step)
         units = count * CB
 
-        w_s = gl.allocate_shared_memory(w_desc.dtype, [KS * KS * CB, BN, BK], w_desc.layout)
+        w_s = gl.allocate_shared_memory(w_desc.dtype, [KH * KW * CB, BN, BK], w_desc.layout)
         a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.int8)
-        a_s = gl.allocate_shared_memory(x_desc.dtype, [ROWS // 8, 8, BK], a_layout)
+        a_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES * KW * (BH + T) * BW // 8, 8, BK], a_layout)
         c_s = gl.allocate_shared_memory(y_desc.dtype, [2, 1, BH, BW, BN], y_desc.layout)
         r_s = gl.allocate_shared_memory(r_desc.dtype, [1, 1, BH, BW, BN], r_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES + 2, 1], mbarrier.MBarrierLayout())  # stages, w, res
         for i in gl.static_range(STAGES + 2):
             mbarrier.init(bars.index(i), count=1)
-        mbarrier.expect(bars.index(STAGES), KS * KS * CB * BN * BK)
-        for j in gl.static_range(KS * KS * CB):  # column j·BK of [CO, K·K·C]: tap j // CB, channel block j % CB
+        mbarrier.expect(bars.index(STAGES), KH * KW * CB * BN * BK)
+        for j in gl.static_range(KH * KW * CB):  # column j·BK of [CO, KH·KW·C]: tap j // CB, channel block j % CB
             wg._tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
-        nbytes: gl.constexpr = KS * (BH + HALO) * BW * BK
+        nbytes: gl.constexpr = KW * (BH + T) * BW * BK
         for i in gl.static_range(STAGES - 1):
             _halo_issue(x_desc, t_desc, i, CB, first, step, tiles_w, tiles_hw, ph, pw, bars.index(i), a_s, i,
-                        nbytes, i < units)
+                        nbytes, i < units, KW)
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BN, 32])
@@ -120,16 +118,16 @@ if wg.gluon is not None:
                 u = i * CB + cb
                 st = u % STAGES
                 mbarrier.wait(bars.index(st), (u // STAGES) & 1)
-                for r in gl.static_range(KS):
-                    for s in gl.static_range(KS):
-                        a = _rows_at(a_s, ((st * KS + s) * (BH + HALO) + r) * BW // 8, [BM, BK])
-                        acc = wg.warpgroup_mma(a, w_s.index((r * KS + s) * CB + cb).permute((1, 0)), acc,
+                for r in gl.static_range(KH):
+                    for s in gl.static_range(KW):
+                        a = _rows_at(a_s, ((st * KW + s) * (BH + T) + r) * BW // 8, [BM, BK])
+                        acc = wg.warpgroup_mma(a, w_s.index((r * KW + s) * CB + cb).permute((1, 0)), acc,
                                                is_async=True)
-                # the previous unit's wgmmas are done (this unit's K·K may run on): its slot takes unit u + STAGES - 1
-                acc = wg.warpgroup_mma_wait(num_outstanding=KS * KS, deps=(acc,))
+                # the previous unit's wgmmas are done (this unit's KH·KW may run on): its slot takes unit u + STAGES - 1
+                acc = wg.warpgroup_mma_wait(num_outstanding=KH * KW, deps=(acc,))
                 nu = u + STAGES - 1
                 _halo_issue(x_desc, t_desc, nu, CB, first, step, tiles_w, tiles_hw, ph, pw,
-                            bars.index(nu % STAGES), a_s, nu % STAGES, nbytes, nu < units)
+                            bars.index(nu % STAGES), a_s, nu % STAGES, nbytes, nu < units, KW)
             acc = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             v = acc.to(gl.float32) * col_scale
             if HAS_BIAS:
@@ -150,33 +148,39 @@ if wg.gluon is not None:
             mbarrier.invalidate(bars.index(i))
 
 
-def rows(cfg: dict, k: int) -> int:
-    """The stage buffers' rows: STAGES·K halo boxes of BH + K - 1 rows of BW pixels, rounded up to a power of two."""
-    return triton.next_power_of_2(cfg["STAGES"] * k * (cfg["BH"] + k - 1) * cfg["BW"])
+def halo_rows(kh: int) -> int:
+    """The rows loaded below a tile's BH-row box: KH - 1 rounded up to a power of two (a TMA box side)."""
+    return triton.next_power_of_2(kh - 1)
 
 
-def smem_bytes(cfg: dict, k: int, c: int, residual: bool) -> int:
+def rows(cfg: dict, kernel: tuple[int, int]) -> int:
+    """The stage buffers' rows: STAGES·KW halo boxes of BH + T rows of BW pixels."""
+    return cfg["STAGES"] * kernel[1] * (cfg["BH"] + halo_rows(kernel[0])) * cfg["BW"]
+
+
+def smem_bytes(cfg: dict, kernel: tuple[int, int], c: int, residual: bool) -> int:
     """Shared memory of one program: the weight block, the stage buffers, two output tiles (and a residual tile)."""
     bm, bn, bk = cfg["BH"] * cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    return k * k * c * bn + rows(cfg, k) * bk + (2 + residual) * bm * bn + BARRIER_BYTES
+    return kernel[0] * kernel[1] * c * bn + rows(cfg, kernel) * bk + (2 + residual) * bm * bn + BARRIER_BYTES
 
 
-def configs(k: int, oh: int | None, ow: int | None, co: int, c: int, smem: int, residual: bool) -> list[dict]:
-    """Tiles with two or three stages whose weight block, halo boxes and output tiles fit `smem` (two programs to a
-    multiprocessor where both fit) and that do not dwarf the map or the channels; none when C or CO is not a
-    multiple of 16 or the kernel is not 3x3 or 5x5 (a halo of a power-of-two rows)."""
-    if c % 16 or co % 16 or k not in (3, 5):
+def configs(kernel: tuple[int, int], oh: int | None, ow: int | None, co: int, c: int, smem: int,
+            residual: bool) -> list[dict]:
+    """Tiles with two or three stages whose weight block, halo boxes and output tiles fit `smem` (as many programs to
+    a multiprocessor as fit, up to four) and that do not dwarf the map or the channels; none when C or CO is not a
+    multiple of 16 or the kernel has one row (a GEMM: no halo to share)."""
+    if c % 16 or co % 16 or kernel[0] < 2:
         return []
     bk = 64 if c % 64 == 0 else c if c < 64 else 16
     out = []
     for stages in (3, 2):
         for bh, bw, bn in _SPACE:
             cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": 4}
-            need = smem_bytes(cfg, k, c, residual)
+            need = smem_bytes(cfg, kernel, c, residual)
             fits = bn <= max(64, co) and bw <= max(8, triton.next_power_of_2(ow or 8)) and bh <= max(
                 4, triton.next_power_of_2(oh or 4))
-            if need <= smem and fits:
-                out.append(cfg | {"stream": 2 if 2 * (need + 1024) <= smem else 1})
+            if need <= smem and fits:  # up to four programs to a multiprocessor (1 KiB each reserved)
+                out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
     return out
 
 
@@ -185,23 +189,31 @@ def _desc(t: torch.Tensor, block: list[int]):
                                wg.gl.NVMMASharedLayout.get_default_for(block, wg.gl.int8))
 
 
+def addressable(t: torch.Tensor) -> bool:
+    """Whether TMA can read NCHW-shaped t as NHWC boxes: channels contiguous, the other strides 16-byte multiples
+    (rows may overlap, as space_to_depth.rows' view does)."""
+    return t.stride(1) == 1 and all(st % 16 == 0 for st in (t.stride(0), t.stride(2), t.stride(3))) and \
+        t.data_ptr() % 16 == 0
+
+
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], pads,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, out_scale: float,
            res_scale: float | None = None, activation: str = "none", config: dict,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """The stride-1, dilation-1 KxK int8 conv of x [N, C, H, W] (channels_last, C a multiple of BLOCK_K) with
-    `w_packed` (kernels/int8_conv.pack_weight), pads [top, left, bottom, right], requantized to int8 at out_scale;
-    kernels/int8_conv.conv2d's bits. NCHW-shaped, channels_last. ValueError for what it does not take."""
+    """The stride-1, dilation-1 KHxKW int8 conv (KH ≥ 2) of x [N, C, H, W] (NHWC memory TMA can address, C a
+    multiple of BLOCK_K) with `w_packed` (kernels/int8_conv.pack_weight), pads [top, left, bottom, right],
+    requantized to int8 at out_scale; kernels/int8_conv.conv2d's bits. NCHW-shaped, channels_last. ValueError for
+    what it does not take."""
     if not available():
         raise ValueError("this triton's Gluon cannot view shared memory from inside a buffer (triton 3.6 can)")
     if activation not in wg.ACTIVATIONS or x.dtype != torch.int8 or w_packed.dtype != torch.int8:
         raise ValueError(f"int8 operands and one of the activations {wg.ACTIVATIONS} only")
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
     bh, bw, bn, bk = config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
-    if kh != kw or kh not in (3, 5) or c % bk or co % 16:
-        raise ValueError("3x3 or 5x5 kernels, C a multiple of BLOCK_K and CO of 16 only")
-    if not x.is_contiguous(memory_format=torch.channels_last):
-        raise ValueError("x must be channels_last")
+    if kh < 2 or c % bk or co % 16:
+        raise ValueError("kernels of two or more rows, C a multiple of BLOCK_K and CO of 16 only")
+    if not addressable(x):
+        raise ValueError("x must be NHWC memory with 16-byte pixel and row strides")
     if residual is not None and (residual.dtype != torch.int8 or res_scale is None or
                                  not residual.is_contiguous(memory_format=torch.channels_last)):
         raise ValueError("the residual must be int8, channels_last, with a res_scale")
@@ -218,9 +230,9 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     tiles, tiles_n = n * tiles_hw, triton.cdiv(co, bn)
     per_n = max(1, min(tiles, config["stream"] * wg._programs(x.device) // tiles_n))
     _halo_conv_kernel[(tiles_n * per_n,)](
-        _desc(nhwc, [1, bh, bw, bk]), _desc(nhwc, [1, kh - 1, bw, bk]), _desc(w, [bn, bk]),
+        _desc(nhwc, [1, bh, bw, bk]), _desc(nhwc, [1, halo_rows(kh), bw, bk]), _desc(w, [bn, bk]),
         _desc(y4, [1, bh, bw, bn]), _desc(r4, [1, bh, bw, bn]), scale, bias if bias is not None else scale, co,
         pads[0], pads[1], inv_scale(out_scale), float(res_scale or 1.0), tiles_w, tiles_hw, tiles,
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, CB=c // bk,
-        STAGES=config["STAGES"], ROWS=rows(config, kh), num_warps=config["num_warps"], enable_fp_fusion=False)
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KH=kh, KW=kw, CB=c // bk,
+        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
     return y

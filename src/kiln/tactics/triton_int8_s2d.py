@@ -4,11 +4,12 @@ conv (kernels/int8_conv.py) runs the ⌈K/2⌉x⌈K/2⌉ conv as a ⌈K/2⌉x1 c
 kernel row one contiguous 64-byte load per pixel. The same integer sums as the stride-2 conv, so the same bits;
 the autotuner keeps it only where it is faster.
 
-triton_int8_conv_s2d runs int8 layers, triton_fp8_conv_s2d fp8 e4m3 ones."""
+triton_int8_conv_s2d runs int8 layers, triton_fp8_conv_s2d fp8 e4m3 ones; triton_int8_conv_s2d_halo runs the
+4x1 conv through the halo-box conv (kernels/int8_conv_halo.py, Hopper), its rows by TMA from the overlapping view."""
 
 from __future__ import annotations
 
-from kiln.kernels import int8_conv, space_to_depth
+from kiln.kernels import int8_conv, int8_conv_halo, space_to_depth
 from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import FP8, INT8
@@ -18,6 +19,8 @@ from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_gemm import _epilogue
+from kiln.tactics.triton_int8_tma import _device_reason
+from kiln.tactics.triton_int8_wgmma import _epilogue_reason
 
 CHANNELS = 16  # S's channels: 4·C ≤ 16, and 16 bytes make a TMA row
 
@@ -76,3 +79,49 @@ register(Tactic("triton_int8_conv_s2d", ("QuantConv",), _compile, _supports, _co
                 writes_out=True))
 register(Tactic("triton_fp8_conv_s2d", ("QuantConv",), _compile, _supports_fp8, _configs, priority=14,
                 arch_specific=True, writes_out=True))
+
+
+def _halo_geometry(spec: LayerSpec) -> tuple[tuple[int, int], int]:
+    """The halo conv's kernel over S's row view (KH rows of one tap) and the view's channels."""
+    kh, kw = spec.inputs[1].const.shape[2:]
+    return ((kh + 1) // 2, 1), (kw + 1) // 2 * CHANNELS
+
+
+def _halo_configs(spec: LayerSpec, device, level: int):
+    out, co = spec.outputs[0].shape, spec.inputs[1].const.shape[0]
+    kernel, c = _halo_geometry(spec)
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_halo.configs(
+        kernel, out[2], out[3], co, c, smem_limit(device), int8_lowering.has_residual(spec))]
+
+
+def _supports_halo(spec: LayerSpec, device) -> str | None:
+    if not int8_conv_halo.available():
+        return "this triton's Gluon cannot view shared memory from inside a buffer (triton 3.6 can)"
+    reason = _supports(spec, device) or _epilogue_reason(spec) or _device_reason(device)
+    if reason is None and not _halo_configs(spec, device, 3):
+        return "no tile fits shared memory"
+    return reason
+
+
+def _compile_halo(spec: LayerSpec, config, device):
+    a = spec.attrs
+    form = int8_lowering.gemm_form(spec)
+    w = spec.inputs[1].const
+    k2, size = space_to_depth.geometry(tuple(w.shape[2:]), tuple(spec.outputs[0].shape[2:]))
+    packed = int8_conv.pack_weight(space_to_depth.row_weight(space_to_depth.weight(w, CHANNELS)))
+    pads = resolve_pads(tuple(spec.inputs[0].shape[2:]), a)[:2]
+    has_residual = int8_lowering.has_residual(spec)
+    kernel, _ = _halo_geometry(spec)
+    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
+              config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
+
+    def run(inputs, out=None):
+        s = space_to_depth.rows(space_to_depth.space_to_depth(inputs[0], pads, size, CHANNELS), k2[1])
+        return [int8_conv_halo.conv2d(s, packed, form.scale, kernel, [0, 0, 0, 0], form.bias,
+                                      inputs[4] if has_residual else None, out=first(out), **kw)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv_s2d_halo", ("QuantConv",), _compile_halo, _supports_halo, _halo_configs,
+                priority=18, arch_specific=True, writes_out=True))

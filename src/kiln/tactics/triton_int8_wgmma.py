@@ -1,8 +1,8 @@
 """int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight (or, for reductions short
 enough to stay in shared memory, its persistent streaming variant), and stride-1
 QuantConv through its implicit-GEMM conv (4-D TMA input boxes fed to wgmma from shared memory), both in
-kernels/int8_gemm_wgmma.py, and stride-1 3x3 / 5x5 QuantConv through the halo-box conv (kernels/int8_conv_halo.py,
-each input pixel read K times from L2, not K²), Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out,
+kernels/int8_gemm_wgmma.py, and stride-1 QuantConv through the halo-box conv (kernels/int8_conv_halo.py, each input
+pixel read KW times from L2, not KH·KW), Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out,
 an int8 residual) and whose rows TMA can address (multiples of 16 channels). The autotuner times them against
 the Triton tactics, whose int8 dots Triton cannot keep in flight."""
 
@@ -112,8 +112,8 @@ def _halo_reason(spec: LayerSpec) -> str | None:
     a, w = spec.attrs, spec.inputs[1].const
     if spec.kind != "QuantConv" or w is None or w.dim() != 4:
         return "2-D convolutions only"
-    if w.shape[2] != w.shape[3] or w.shape[2] not in (3, 5):
-        return "3x3 and 5x5 kernels only (a halo of a power-of-two rows)"
+    if w.shape[2] < 2:
+        return "kernels of two or more rows only (one row has no halo to share: a GEMM)"
     if tuple(a.get("strides", (1, 1))) != (1, 1) or tuple(a.get("dilations", (1, 1))) != (1, 1) or \
             a.get("group", 1) != 1:
         return "stride 1, dilation 1, group 1 only"
@@ -131,10 +131,10 @@ def _supports_halo(spec: LayerSpec, device) -> str | None:
 
 
 def _halo_configs(spec: LayerSpec, device, level: int):
-    out, (co, c, k) = spec.outputs[0].shape, spec.inputs[1].const.shape[:3]
+    out, (co, c, kh, kw) = spec.outputs[0].shape, spec.inputs[1].const.shape
     oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
     return [{"layout": "nhwc", **cfg} for cfg in int8_conv_halo.configs(
-        k, oh, ow, co, c, smem_limit(device), int8_lowering.has_residual(spec))]
+        (kh, kw), oh, ow, co, c, smem_limit(device), int8_lowering.has_residual(spec))]
 
 
 def _compile_halo(spec: LayerSpec, config, device):
