@@ -136,13 +136,8 @@ if wg.gluon is not None:
                 mbarrier.wait(bars.index(STAGES + 1), i & 1)
                 v += r_s.index(0).reshape([BM, BN]).load(mma).to(gl.float32) * res_scale
             q = wg._activate_requant(v, out_inv, ACT)
-            cs = i % 2
-            tma.store_wait(1)  # tile i-2's store has left c_s[cs]
-            wg._sync_warps()
-            c_s.index(cs).reshape([BM, BN]).store(q)
-            wg.fence_async_shared()
-            wg._sync_warps()  # the whole tile is in c_s[cs] before one thread stores it
-            wg._tma_store(y_desc, [n, oh0, ow0, off_n], c_s.index(cs))
+            buf = c_s.index(i % 2)
+            wg.store_tile(q, buf.reshape([BM, BN]), buf, y_desc, [n, oh0, ow0, off_n])
         tma.store_wait(0)
         for i in gl.static_range(STAGES + 2):
             mbarrier.invalidate(bars.index(i))

@@ -182,15 +182,21 @@ if gluon is not None:
             if HAS_RES:
                 v += r_s.index(s).load(mma).to(gl.float32) * res_scale
             q = _activate_requant(v, out_inv, ACT)
-            tma.store_wait(1)  # tile i-2's store has left c_s[s]
-            _sync_warps()
-            c_s.index(s).store(q)
-            fence_async_shared()
-            _sync_warps()  # the whole tile is in c_s[s] before one thread stores it
-            _tma_store(c_desc, [(first + i * step) * BLOCK_M, off_n], c_s.index(s))
+            store_tile(q, c_s.index(s), c_s.index(s), c_desc, [(first + i * step) * BLOCK_M, off_n])
         tma.store_wait(0)
         for i in gl.static_range(3):
             mbarrier.invalidate(bars.index(i))
+
+    @gluon.jit
+    def store_tile(q, view, buf, c_desc, coord):
+        """A persistent kernel's output tile q into `view` of the double-buffered `buf` (once the TMA store that
+        used it two tiles ago has left), then stored by TMA from `buf` at `coord`."""
+        tma.store_wait(1)
+        _sync_warps()
+        view.store(q)
+        fence_async_shared()
+        _sync_warps()  # the whole tile is in shared memory before one thread stores it
+        _tma_store(c_desc, coord, buf)
 
     @gluon.jit
     def _stream_issue(a_desc, r_desc, off_m, off_n, bar, a_s, r_s, stage, nbytes: gl.constexpr, KT: gl.constexpr,

@@ -55,22 +55,30 @@ def _configs(spec: LayerSpec, device, level: int):
     return [{"layout": "nhwc", **c} for c in int8_conv.configs(m, co, row, smem_limit(device), level)]
 
 
-def _compile(spec: LayerSpec, config, device):
-    a = spec.attrs
-    form = int8_lowering.gemm_form(spec)
+def _rows_of(spec: LayerSpec):
+    """The layer's GEMM form, the row-view weight (packed) and a function from the image to S's row view."""
     w = spec.inputs[1].const
     k2, size = space_to_depth.geometry(tuple(w.shape[2:]), tuple(spec.outputs[0].shape[2:]))
     packed = int8_conv.pack_weight(space_to_depth.row_weight(space_to_depth.weight(w, CHANNELS)))
-    pads = resolve_pads(tuple(spec.inputs[0].shape[2:]), a)[:2]
+    pads = resolve_pads(tuple(spec.inputs[0].shape[2:]), spec.attrs)[:2]
+
+    def rows(x):
+        return space_to_depth.rows(space_to_depth.space_to_depth(x, pads, size, CHANNELS), k2[1])
+
+    return int8_lowering.gemm_form(spec), packed, rows, k2
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    form, packed, rows, k2 = _rows_of(spec)
     act, act_alpha, act_beta = _epilogue(a)
     has_residual = int8_lowering.has_residual(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=act, act_alpha=act_alpha,
               act_beta=act_beta, out_dtype=float_out(a), config={k: config[k] for k in int8_conv.CONFIG_KEYS})
 
     def run(inputs, out=None):
-        s = space_to_depth.rows(space_to_depth.space_to_depth(inputs[0], pads, size, CHANNELS), k2[1])
-        return [int8_conv.conv2d(s, packed, form.scale, (k2[0], 1), (1, 1), [0, 0, 0, 0], (1, 1), form.bias,
-                                 inputs[4] if has_residual else None, out=first(out), **kw)]
+        return [int8_conv.conv2d(rows(inputs[0]), packed, form.scale, (k2[0], 1), (1, 1), [0, 0, 0, 0], (1, 1),
+                                 form.bias, inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run
 
@@ -105,19 +113,14 @@ def _supports_halo(spec: LayerSpec, device) -> str | None:
 
 def _compile_halo(spec: LayerSpec, config, device):
     a = spec.attrs
-    form = int8_lowering.gemm_form(spec)
-    w = spec.inputs[1].const
-    k2, size = space_to_depth.geometry(tuple(w.shape[2:]), tuple(spec.outputs[0].shape[2:]))
-    packed = int8_conv.pack_weight(space_to_depth.row_weight(space_to_depth.weight(w, CHANNELS)))
-    pads = resolve_pads(tuple(spec.inputs[0].shape[2:]), a)[:2]
+    form, packed, rows, _ = _rows_of(spec)
     has_residual = int8_lowering.has_residual(spec)
     kernel, _ = _halo_geometry(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
               config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
 
     def run(inputs, out=None):
-        s = space_to_depth.rows(space_to_depth.space_to_depth(inputs[0], pads, size, CHANNELS), k2[1])
-        return [int8_conv_halo.conv2d(s, packed, form.scale, kernel, [0, 0, 0, 0], form.bias,
+        return [int8_conv_halo.conv2d(rows(inputs[0]), packed, form.scale, kernel, [0, 0, 0, 0], form.bias,
                                       inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run
