@@ -1,12 +1,13 @@
 """Stride-1 KHxKW int8 conv for Hopper in Gluon that reads each input pixel from L2 KW times, not KH·KW: for a tile of
 BH x BW output pixels and one channel block it loads, per kernel column s, the halo box of BH + KH - 1 input rows
 shifted by s, and feeds wgmma tap (r, s) as that box's rows r·BW onwards (a contiguous, swizzle-aligned view of
-shared memory). It also runs the space-to-depth stem's 4x1 conv over overlapping rows (tactics/triton_int8_s2d.py). The TMA conv (kernels/int8_gemm_wgmma.py) loads one box per tap and, for 64-channel layers, is
-bound by L2 bandwidth; the pointer conv leans on L1 instead.
+shared memory). The TMA conv (kernels/int8_gemm_wgmma.py) loads one box per tap and, for 64-channel layers, is
+bound by L2 bandwidth; the pointer conv leans on L1 instead. It also runs the space-to-depth stem's 4x1 conv over
+overlapping rows (tactics/triton_int8_s2d.py).
 
-The program is persistent: its weight block [KH·KW·C, BLOCK_N] stays in shared memory, the next tile's boxes load while
-this tile is multiplied, and the requantized tile leaves by a TMA store (clipped at the map's edge). Arithmetic as
-kernels/int8_gemm_wgmma.py, so kernels/int8_conv.py's bits.
+The program is persistent: its weight block [KH·KW·C, BLOCK_N] stays in shared memory, the next tile's boxes load
+while this tile is multiplied, and the requantized tile leaves by a TMA store (clipped at the map's edge).
+Arithmetic as kernels/int8_gemm_wgmma.py, so kernels/int8_conv.py's bits.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ CONFIG_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps", "stream"
 # wgmma wait before a refill covers every reader of the slot
 _SPACE = [(8, 8, 64), (4, 32, 64), (16, 8, 64), (8, 16, 64), (16, 8, 128), (8, 16, 128), (8, 8, 32), (16, 8, 32)]
 BARRIER_BYTES = 64  # the mbarriers, per program
+
+
+UNAVAILABLE = "this triton's Gluon cannot view shared memory from inside a buffer (triton 3.6 can)"
 
 
 def available() -> bool:
@@ -123,7 +127,7 @@ if wg.gluon is not None:
                         a = _rows_at(a_s, ((st * KW + s) * (BH + T) + r) * BW // 8, [BM, BK])
                         acc = wg.warpgroup_mma(a, w_s.index((r * KW + s) * CB + cb).permute((1, 0)), acc,
                                                is_async=True)
-                # the previous unit's wgmmas are done (this unit's KH·KW may run on): its slot takes unit u + STAGES - 1
+                # the previous unit's wgmmas are done (this unit's KH·KW run on): its slot takes unit u + STAGES - 1
                 acc = wg.warpgroup_mma_wait(num_outstanding=KH * KW, deps=(acc,))
                 nu = u + STAGES - 1
                 _halo_issue(x_desc, t_desc, nu, CB, first, step, tiles_w, tiles_hw, ph, pw,
@@ -200,7 +204,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     requantized to int8 at out_scale; kernels/int8_conv.conv2d's bits. NCHW-shaped, channels_last. ValueError for
     what it does not take."""
     if not available():
-        raise ValueError("this triton's Gluon cannot view shared memory from inside a buffer (triton 3.6 can)")
+        raise ValueError(UNAVAILABLE)
     if activation not in wg.ACTIVATIONS or x.dtype != torch.int8 or w_packed.dtype != torch.int8:
         raise ValueError(f"int8 operands and one of the activations {wg.ACTIVATIONS} only")
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]

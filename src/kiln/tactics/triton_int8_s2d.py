@@ -104,7 +104,7 @@ def _halo_configs(spec: LayerSpec, device, level: int):
 
 def _supports_halo(spec: LayerSpec, device) -> str | None:
     if not int8_conv_halo.available():
-        return "this triton's Gluon cannot view shared memory from inside a buffer (triton 3.6 can)"
+        return int8_conv_halo.UNAVAILABLE
     reason = _supports(spec, device) or _epilogue_reason(spec) or _device_reason(device)
     if reason is None and not _halo_configs(spec, device, 3):
         return "no tile fits shared memory"

@@ -1,9 +1,9 @@
 """int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight (or, for reductions short
-enough to stay in shared memory, its persistent streaming variant), and stride-1
-QuantConv through its implicit-GEMM conv (4-D TMA input boxes fed to wgmma from shared memory), both in
-kernels/int8_gemm_wgmma.py, and stride-1 QuantConv through the halo-box conv (kernels/int8_conv_halo.py, each input
-pixel read KW times from L2, not KH·KW), Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out,
-an int8 residual) and whose rows TMA can address (multiples of 16 channels). The autotuner times them against
+enough to stay in shared memory, its persistent streaming variant), stride-1 QuantConv through its implicit-GEMM
+conv (4-D TMA input boxes fed to wgmma from shared memory), both in kernels/int8_gemm_wgmma.py, and stride-1
+QuantConv through the halo-box conv (kernels/int8_conv_halo.py, each input pixel read KW times from L2, not KH·KW),
+Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out, an int8 residual) and whose
+rows TMA can address (multiples of 16 channels). The autotuner times them against
 the Triton tactics, whose int8 dots Triton cannot keep in flight."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def _halo_reason(spec: LayerSpec) -> str | None:
 
 def _supports_halo(spec: LayerSpec, device) -> str | None:
     if not int8_conv_halo.available():
-        return "this triton's Gluon cannot view shared memory from inside a buffer (triton 3.6 can)"
+        return int8_conv_halo.UNAVAILABLE
     reason = int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or _halo_reason(spec) or \
         _device_reason(device)
     if reason is None and not _halo_configs(spec, device, 3):
