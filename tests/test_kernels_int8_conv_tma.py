@@ -61,15 +61,16 @@ def test_calls_tma_cannot_take_run_the_pointer_conv():
     assert not int8_conv_tma.addressable(3, 49) and int8_conv_tma.addressable(16, 9)
 
 
-def _tactic_case(g, c, strides=(1, 1), res_scale=None):
+def _tactic_case(g, c, strides=(1, 1), res_scale=None, k=3, size=6):
     from test_kernels_int8 import EPI, _i8, _spec
-    x, w = _i8(g, 2, c, 6, 6), _i8(g, 24, c, 3, 3)
-    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [3, 3], "pads": [1] * 4,
+    x, w, pad = _i8(g, 2, c, size, size), _i8(g, 24, c, k, k), k // 2
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [k, k], "pads": [pad] * 4,
              "strides": list(strides), "x_scale": 0.1, "out_scale": 0.5, "res_scale": res_scale} | EPI
     inputs = [x.contiguous(memory_format=torch.channels_last), w, torch.rand(24, generator=g) * 1e-3 + 1e-4,
               torch.randn(24, generator=g)]
     if res_scale:
-        inputs.append(_i8(g, 2, 24, 6, 6).contiguous(memory_format=torch.channels_last))
+        oh = (size + 2 * pad - k) // strides[0] + 1
+        inputs.append(_i8(g, 2, 24, oh, oh).contiguous(memory_format=torch.channels_last))
     return _spec("QuantConv", attrs | {"activation": "Relu"}, inputs)
 
 
@@ -84,6 +85,21 @@ def test_conv_tma_tactic_is_bit_exact_and_nhwc(tactic):
     configs = t.configs(spec, CPU, 2)
     assert configs and {c["layout"] for c in configs} == {"nhwc"}
     for cfg in configs[:3]:
+        assert torch.equal(t.compile(spec, cfg, CPU)(inputs)[0], want)
+
+
+@pytest.mark.parametrize("size", [6, 7])
+def test_conv_tma_tactic_runs_a_strided_1x1_conv_as_its_subsample(size):
+    """A stride-2 1x1 conv (ResNet's downsample) is the stride-1 conv of x[:, :, ::2, ::2], a strided view TMA reads
+    in place: bit-exact with the reference, on even and odd maps, with a residual."""
+    from test_kernels_int8 import CPU
+    from kiln.tactics import int8_lowering, registry
+    g = torch.Generator().manual_seed(8)
+    spec, inputs, want = _tactic_case(g, 32, strides=(2, 2), res_scale=0.02, k=1, size=size)
+    assert int8_lowering.subsample(spec) == (2, 2)
+    t = registry.get("triton_int8_conv_tma")
+    assert t.supports(spec, CPU) is None
+    for cfg in t.configs(spec, CPU, 2)[:2]:
         assert torch.equal(t.compile(spec, cfg, CPU)(inputs)[0], want)
 
 

@@ -56,6 +56,7 @@ def test_wgmma_conv_tactic_takes_stride_1_convs_of_16_channel_multiples():
     t = registry.get("triton_int8_conv_wgmma")
     assert t.supports(_conv(g, k=3)[0], GPU_LIKE) is None and t.supports(_conv(g, k=1)[0], GPU_LIKE) is None
     assert "stride 1" in t.supports(_conv(g, k=3, strides=(2, 2))[0], GPU_LIKE)
+    assert t.supports(_conv(g, k=1, strides=(2, 2))[0], GPU_LIKE) is None  # a subsample's stride-1 conv
     assert "multiple of 16" in t.supports(_conv(g, k=3, c=24)[0], GPU_LIKE)
     assert "int8 residuals" in t.supports(_float_res(g), GPU_LIKE)
     assert all(c["layout"] == "nhwc" for c in t.configs(_conv(g, k=3)[0], GPU_LIKE, 3))
@@ -169,6 +170,27 @@ def test_gpu_wgmma_conv_is_bit_exact(res):
         for cfg in int8_gemm_wgmma.conv_configs(13, 11, 80, 48, 227 * 1024):
             got = int8_gemm_wgmma.conv2d(x, w, scale, (k, k), pads, (1, 1), bias, config=cfg, **kw)
             assert torch.equal(got, want), (k, cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_conv_tactic_runs_strided_1x1_convs_on_the_subsample_view():
+    """ResNet's stride-2 downsample shape (small): the tactic reads x[:, :, ::2, ::2] in place by TMA, every tile
+    giving the reference's bits, on even and odd maps."""
+    _needs_hopper()
+    dev = Device("cuda", "cuda", "cuda:0")
+    t = registry.get("triton_int8_conv_wgmma")
+    g = torch.Generator().manual_seed(3)
+    for size in (14, 13):
+        attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4,
+                 "strides": [2, 2], "x_scale": 0.1, "out_scale": 0.5, "res_scale": 0.02} | EPI | {"activation": "Relu"}
+        oh = (size - 1) // 2 + 1
+        inputs = [_i8(g, 3, 64, size, size).contiguous(memory_format=torch.channels_last), _i8(g, 128, 64, 1, 1),
+                  torch.rand(128, generator=g) * 1e-3 + 1e-4, torch.randn(128, generator=g),
+                  _i8(g, 3, 128, oh, oh).contiguous(memory_format=torch.channels_last)]
+        spec, inputs, want = _spec("QuantConv", attrs, inputs, "cuda")
+        assert t.supports(spec, dev) is None
+        for cfg in t.configs(spec, dev, 3):
+            assert torch.equal(t.compile(spec, cfg, dev)(inputs)[0], want), (size, cfg)
 
 
 

@@ -24,6 +24,13 @@ def upcast_dot(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype == torch.bfloat16
 
 
+def tma_nhwc(t: torch.Tensor) -> bool:
+    """Whether TMA can read NCHW-shaped t as NHWC boxes: channels contiguous, the other strides 16-byte multiples
+    (a strided subsample, or rows that overlap as space_to_depth.rows' view's, included)."""
+    return t.stride(1) == 1 and all(st * t.element_size() % 16 == 0 for st in (t.stride(0), t.stride(2), t.stride(3))) \
+        and t.data_ptr() % 16 == 0
+
+
 def capability(device) -> tuple[int, int] | None:
     """The CUDA compute capability of a kiln Device, None off CUDA."""
     if getattr(device, "backend", None) != "cuda" or not torch.cuda.is_available():

@@ -16,6 +16,7 @@ import torch
 import triton
 
 from kiln.kernels import int8_gemm_wgmma as wg
+from kiln.kernels.common import tma_nhwc
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -188,13 +189,6 @@ def _desc(t: torch.Tensor, block: list[int]):
                                wg.gl.NVMMASharedLayout.get_default_for(block, wg.gl.int8))
 
 
-def addressable(t: torch.Tensor) -> bool:
-    """Whether TMA can read NCHW-shaped t as NHWC boxes: channels contiguous, the other strides 16-byte multiples
-    (rows may overlap, as space_to_depth.rows' view does)."""
-    return t.stride(1) == 1 and all(st % 16 == 0 for st in (t.stride(0), t.stride(2), t.stride(3))) and \
-        t.data_ptr() % 16 == 0
-
-
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], pads,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, out_scale: float,
            res_scale: float | None = None, activation: str = "none", config: dict,
@@ -211,7 +205,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     bh, bw, bn, bk = config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
     if kh < 2 or c % bk or co % 16:
         raise ValueError("kernels of two or more rows, C a multiple of BLOCK_K and CO of 16 only")
-    if not addressable(x):
+    if not tma_nhwc(x):
         raise ValueError("x must be NHWC memory with 16-byte pixel and row strides")
     if residual is not None and (residual.dtype != torch.int8 or res_scale is None or
                                  not residual.is_contiguous(memory_format=torch.channels_last)):

@@ -5,8 +5,9 @@ the box the tap reads, shifted — and TMA fills whatever lies outside the image
 no index arithmetic or masks run per element. The weight [CO, KH·KW·C] (K-major) comes by 2-D TMA boxes.
 Epilogue and arithmetic are kernels/int8_gemm.py's (`epilogue`), so results equal kernels/int8_conv.py's.
 
-Needs an NHWC (channels_last) input with C·itemsize a multiple of 16 bytes and KH·KW·C likewise; `conv2d`
-runs kernels/int8_conv.py instead when the input is not so laid out.
+Needs NHWC input memory (channels_last, or a strided view of it such as a strided 1x1 conv's subsample) with
+C·itemsize a multiple of 16 bytes and KH·KW·C likewise; `conv2d` runs kernels/int8_conv.py instead when the input
+is not so laid out.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import int8_conv
+from kiln.kernels.common import tma_nhwc
 from kiln.kernels.int8_gemm import FP8_PROMOTE
 from kiln.kernels.int8_gemm_tma import TMA_ALIGN, TensorDescriptor
 from kiln.kernels.out_buffer import take
@@ -94,8 +96,8 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     int8_conv.check_operands(x, w_packed, residual, res_scale, activation)
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
     w = w_packed.t()  # [CO, KH·KW·C], K contiguous
-    if tuple(strides) != (1, 1) or not x.is_contiguous(memory_format=torch.channels_last) or not addressable(
-            c, kh * kw) or not w.is_contiguous() or x.data_ptr() % TMA_ALIGN or w.data_ptr() % TMA_ALIGN:
+    if tuple(strides) != (1, 1) or not tma_nhwc(x) or not addressable(c, kh * kw) or not w.is_contiguous() or \
+            w.data_ptr() % TMA_ALIGN:
         return int8_conv.conv2d(x, w_packed, scale, kernel, strides, pads, dilations, bias, residual,
                                 out_scale=out_scale, res_scale=res_scale, activation=activation, act_alpha=act_alpha,
                                 act_beta=act_beta, out_dtype=out_dtype, out=out)
@@ -106,7 +108,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     if y.numel() == 0:
         return y
     bh, bw, bn, bk = config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
-    nhwc = x.permute(0, 2, 3, 1)  # contiguous [N, H, W, C]
+    nhwc = x.permute(0, 2, 3, 1)  # [N, H, W, C], C contiguous
     x_desc = TensorDescriptor(nhwc, list(nhwc.shape), list(nhwc.stride()), [1, bh, bw, bk])
     w_desc = TensorDescriptor.from_tensor(w, [bn, bk])
     r = residual if residual is not None else y

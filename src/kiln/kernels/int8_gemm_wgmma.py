@@ -30,6 +30,7 @@ try:  # Gluon is experimental: without it (or on an older triton) the tactic ref
 except ImportError:  # pragma: no cover
     gluon = None
 
+from kiln.kernels.common import tma_nhwc
 from kiln.kernels.int8_gemm import MAGIC_BITS, ROUND_MAGIC
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
@@ -377,7 +378,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, out_scale: float,
            res_scale: float | None = None, activation: str = "none", config: dict,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """The stride-1 int8 conv of x [N, C, H, W] (channels_last, C a multiple of 16) with `w_packed`
+    """The stride-1 int8 conv of x [N, C, H, W] (NHWC memory TMA can address, C a multiple of 16) with `w_packed`
     (kernels/int8_conv.pack_weight), pads [top, left, bottom, right], requantized to int8 at out_scale;
     kernels/int8_conv.conv2d's bits. NCHW-shaped, channels_last."""
     if not available():
@@ -385,8 +386,8 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     if activation not in ACTIVATIONS or x.dtype != torch.int8 or w_packed.dtype != torch.int8:
         raise ValueError(f"int8 operands and one of the activations {ACTIVATIONS} only")
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
-    if not x.is_contiguous(memory_format=torch.channels_last) or c % 16:
-        raise ValueError("x must be channels_last with a multiple of 16 channels (TMA's 16-byte rows)")
+    if not tma_nhwc(x) or c % 16:
+        raise ValueError("x must be NHWC memory TMA can address, with a multiple of 16 channels (16-byte rows)")
     if residual is not None and (residual.dtype != torch.int8 or res_scale is None or residual.stride(1) != 1):
         raise ValueError("the residual must be int8, channels_last, with a res_scale")
     dh, dw = dilations

@@ -20,14 +20,14 @@ CONFIGS = [{"BLOCK_P": 64, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 128, "BLO
 
 
 @triton.jit
-def _max_pool_kernel(x, y, N, C, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, s_xn, s_xc, s_xh, s_xw, s_yn, s_yc,
-                     s_yh, s_yw, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+def _max_pool_kernel(x, y, N, C, H, W, OH, OW, sh, sw, ph, pw, dh, dw, s_xn, s_xc, s_xh, s_xw, s_yn, s_yc, s_yh, s_yw,
+                     KH: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     rp = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     n, oh, ow = rp // (OH * OW), (rp // OW) % OH, rp % OW
     p_ok, c_ok = rp < N * OH * OW, rc < C
     acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
-    for tap in range(0, KH * KW):
+    for tap in tl.static_range(KH * KW):  # unrolled: every tap's load in flight at once
         ih = oh * sh - ph + (tap // KW) * dh
         iw = ow * sw - pw + (tap % KW) * dw
         ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -50,8 +50,8 @@ def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[
     y = take(out, (n, c, oh, ow), x.dtype, x.device, fmt)
     if y.numel():
         grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_P"]), triton.cdiv(c, cfg["BLOCK_C"]))
-        _max_pool_kernel[grid](x, y, n, c, h, w, oh, ow, *kernel, *strides, *pads, *dilations, *x.stride(),
-                               *y.stride(), BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
+        _max_pool_kernel[grid](x, y, n, c, h, w, oh, ow, *strides, *pads, *dilations, *x.stride(), *y.stride(),
+                               KH=kernel[0], KW=kernel[1], BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
                                num_warps=cfg["num_warps"])
     return y
 

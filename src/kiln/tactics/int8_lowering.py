@@ -84,6 +84,17 @@ def residual_reason(spec: LayerSpec) -> str | None:
     return None if r.dtype.is_float and qtypes.of_dtype(r.dtype) is None else f"a {r.dtype} residual needs a res_scale"
 
 
+def subsample(spec: LayerSpec) -> tuple[int, int] | None:
+    """The strides of a strided 1x1 unpadded QuantConv, which is a stride-1 conv of its input's subsample
+    x[:, :, ::sh, ::sw] (a strided view TMA can read); None for any other layer."""
+    a, w = spec.attrs, spec.inputs[1].const
+    strides = tuple(a.get("strides", (1, 1)))
+    if spec.kind != "QuantConv" or w is None or w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or \
+            any(a.get("pads", [0])) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or strides == (1, 1):
+        return None
+    return strides
+
+
 def fp8_device_reason(device) -> str | None:
     """Why `device` cannot run fp8 tensor-core kernels (compute capability below 8.9), or None (also off CUDA:
     the CPU tests call the tactics directly)."""

@@ -73,8 +73,8 @@ def _conv_reason(spec: LayerSpec) -> str | None:
     a, w = spec.attrs, spec.inputs[1].const
     if spec.kind != "QuantConv" or w is None or w.dim() != 4:
         return "2-D convolutions only"
-    if tuple(a.get("strides", (1, 1))) != (1, 1) or a.get("group", 1) != 1:
-        return "stride 1, group 1 only"
+    if (tuple(a.get("strides", (1, 1))) != (1, 1) and not int8_lowering.subsample(spec)) or a.get("group", 1) != 1:
+        return "group 1, stride 1 (or a strided 1x1 unpadded conv: a subsample) only"
     if not int8_conv_tma.addressable(w.shape[1], w.shape[2] * w.shape[3]):
         return "input channels not a multiple of 16 (TMA's 16-byte strides)"
     return None
@@ -97,8 +97,11 @@ def _compile_conv(spec: LayerSpec, config, device):
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=act, act_alpha=act_alpha,
               act_beta=act_beta, out_dtype=float_out(a), config={k: config[k] for k in int8_conv_tma.CONFIG_KEYS})
 
+    step = int8_lowering.subsample(spec) or (1, 1)  # a strided 1x1 conv: its input's subsample
+
     def run(inputs, out=None):
-        return [int8_conv_tma.conv2d(inputs[0], w, form.scale, kernel, (1, 1), pads, dilations, form.bias,
+        x = inputs[0][:, :, ::step[0], ::step[1]]
+        return [int8_conv_tma.conv2d(x, w, form.scale, kernel, (1, 1), pads, dilations, form.bias,
                                      inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run

@@ -1,6 +1,7 @@
 """int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight (or, for reductions short
 enough to stay in shared memory, its persistent streaming variant), stride-1 QuantConv through its implicit-GEMM
-conv (4-D TMA input boxes fed to wgmma from shared memory), both in kernels/int8_gemm_wgmma.py, and stride-1
+conv (4-D TMA input boxes fed to wgmma from shared memory; a strided 1x1 conv as its input's subsampled view), both
+in kernels/int8_gemm_wgmma.py, and stride-1
 QuantConv through the halo-box conv (kernels/int8_conv_halo.py, each input pixel read KW times from L2, not KH·KW),
 Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out, an int8 residual) and whose
 rows TMA can address (multiples of 16 channels). The autotuner times them against
@@ -96,9 +97,11 @@ def _compile_conv(spec: LayerSpec, config, device):
     has_residual = int8_lowering.has_residual(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
               config={k: config[k] for k in int8_gemm_wgmma.CONV_KEYS})
+    step = int8_lowering.subsample(spec) or (1, 1)
 
     def run(inputs, out=None):
-        return [int8_gemm_wgmma.conv2d(inputs[0], w, form.scale, kernel, pads, dilations, form.bias,
+        x = inputs[0][:, :, ::step[0], ::step[1]]
+        return [int8_gemm_wgmma.conv2d(x, w, form.scale, kernel, pads, dilations, form.bias,
                                        inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run
