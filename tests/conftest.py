@@ -11,6 +11,29 @@ if not torch.cuda.is_available():  # Triton kernels run on the CPU through the i
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _lang_state() -> list[tuple[object, dict]]:
+    """triton.language's namespaces as they are before any kernel is interpreted."""
+    try:
+        import triton.language as tl
+    except ImportError:  # pragma: no cover
+        return []
+    return [(o, dict(vars(o))) for o in (tl, tl.core, tl.math, tl.tensor, tl.core.tensor_descriptor_base)]
+
+
+_LANG = _lang_state()
+
+
+@pytest.fixture(autouse=True)
+def _undo_interpreter_patches():
+    """Put triton.language back after each test: triton's interpreter patches it for a jit helper called from an
+    interpreted kernel and never restores it, and a Gluon compile (the sm90 AOT tests) then fails on the leftovers."""
+    yield
+    for obj, saved in _LANG:
+        for name, value in saved.items():
+            if vars(obj).get(name, value) is not value:
+                setattr(obj, name, value)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -17,7 +17,7 @@ import torch
 
 from kiln.builder.timing_cache import CachedChoice, TimingCache, environment_key
 from kiln.ir import DType, Network
-from kiln.kinds import qtype as qtypes
+from kiln.kinds import qtype as qtypes, quantized
 from kiln.tactics import registry
 from kiln.tactics.spec import LayerSpec, layer_spec
 
@@ -30,7 +30,7 @@ TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfl
 # Quantized layers (int32 accumulation is exact in every tactic): a requantized int8 output may differ by
 # 1 LSB (an fp32 epilogue value one ulp apart lands on the other side of a .5); a dequantized fp32 output
 # by fp32 rounding (FMA contraction, activation approximations): rtol 1e-4 plus 1e-5 of the output's range.
-QUANTIZED = ("QuantConv", "QuantGemm")
+QUANTIZED = quantized.KINDS
 QUANT_INT8_LSB = 1
 FP16_ULP = 2.0 ** -10
 # fp8 layers (qtype fp8e4m3) sum exact products in fp32, or narrower inside the MMA unit between promotions, in

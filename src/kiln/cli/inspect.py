@@ -24,6 +24,7 @@ from kiln.errors import ConfigError, KilnError, ModelError
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.loader import parse, validate_fields
 from kiln.frontend.onnx.registry import lookup
+from kiln.kinds import quantized
 from kiln.ir import Layer, Network
 from kiln.passes import PassContext, default_passes, run_passes
 
@@ -98,7 +99,7 @@ def describe_plan(path: Path, header_only: bool) -> dict:
     config = p.manifest.get("config") or {}
     for row, q in zip(layers, layer_precisions(net, build).values()):  # int8/fp8: where each layer's scales came from
         row["scale_source"] = q["scale_source"]
-        if row["kind"] in ("QuantConv", "QuantGemm"):
+        if row["kind"] in quantized.KINDS:
             row["precision"] = q["precision"]  # "int8" / "fp8", not the IR type name (float8_e4m3fn)
     return {"file": str(path), "header": header, "config": config, "layers": layers,
             "memory": {"plan_bytes": path.stat().st_size,

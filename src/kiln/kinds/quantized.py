@@ -32,6 +32,7 @@ from kiln.kinds.fused import activate
 from kiln.kinds.registry import kind
 
 QMAX = 127
+KINDS = ("QuantConv", "QuantGemm", "QuantConvPair")  # the quantized layer kinds (weights of the quantized type)
 
 
 def inv_scale(out_scale: float) -> float:
@@ -48,18 +49,28 @@ def requantize(y: torch.Tensor, out_scale: float, qtype: qtypes.QType = qtypes.I
 def epilogue(acc: torch.Tensor, w_scale: torch.Tensor, bias, residual, channel_axis: int, attrs) -> torch.Tensor:
     """Accumulators (float64) → the layer's output: scale, bias, residual (dequantized when `res_scale` is
     given), activation, optional requantize."""
-    shape = [1] * acc.dim()
-    shape[channel_axis] = -1
-    qtype = qtypes.of(attrs)
-    scale = torch.tensor(attrs["x_scale"], dtype=torch.float32, device=acc.device) * w_scale.float()
-    y = (acc.to(torch.int32) if qtype.integer else acc).float() * scale.reshape(shape)
-    if bias is not None:
-        y = y + bias.float().reshape(shape)
+    y = scaled(acc, w_scale, bias, attrs["x_scale"], channel_axis, qtypes.of(attrs))
     if residual is not None:
         y = y + residual_fp32(residual, attrs.get("res_scale"))
+    return finish(y, attrs)
+
+
+def scaled(acc: torch.Tensor, w_scale: torch.Tensor, bias, x_scale: float, channel_axis: int,
+           qtype: qtypes.QType) -> torch.Tensor:
+    """fp32(acc) · fp32(x_scale · w_scale[c]) (+ bias[c]): a quantized conv or GEMM's fp32 value before the rest
+    of its epilogue."""
+    shape = [1] * acc.dim()
+    shape[channel_axis] = -1
+    scale = torch.tensor(x_scale, dtype=torch.float32, device=acc.device) * w_scale.float()
+    y = (acc.to(torch.int32) if qtype.integer else acc).float() * scale.reshape(shape)
+    return y if bias is None else y + bias.float().reshape(shape)
+
+
+def finish(y: torch.Tensor, attrs) -> torch.Tensor:
+    """The epilogue's activation, then the requantized (`out_scale`) or float output."""
     y = activate(y, attrs["activation"], attrs["activation_params"])
     if attrs.get("out_scale") is not None:
-        return requantize(y, attrs["out_scale"], qtype)
+        return requantize(y, attrs["out_scale"], qtypes.of(attrs))
     return y.to(float_out(attrs))
 
 
@@ -86,6 +97,19 @@ def quant_conv(inputs, attrs):
     x, w, w_scale, b, r = (list(inputs) + [None] * 5)[:5]
     acc = conv_nd(x.double(), w.double(), None, attrs)
     return epilogue(acc, w_scale, b, r, 1, attrs)
+
+
+@kind("QuantConvPair")
+def quant_conv_pair(inputs, attrs):
+    """Two quantized convs of one output shape summed under one epilogue (a bottleneck's last conv and its
+    downsample, quant/fuse_conv_pair.py): inputs X_q, W_q, w_scale, bias as QuantConv's, then X2_q, W2_q, w2_scale,
+    bias2 of the second conv (attrs x2_scale, strides2; its other Conv attributes the first's). No residual:
+    y = (fp32(acc)·scale + bias) + (fp32(acc2)·scale2 + bias2), each as QuantConv's, then activation and output."""
+    x, w, w_scale, b, x2, w2, w2_scale, b2 = (list(inputs) + [None] * 8)[:8]
+    qtype = qtypes.of(attrs)
+    y = scaled(conv_nd(x.double(), w.double(), None, attrs), w_scale, b, attrs["x_scale"], 1, qtype)
+    acc2 = conv_nd(x2.double(), w2.double(), None, dict(attrs, strides=attrs["strides2"]))
+    return finish(y + scaled(acc2, w2_scale, b2, attrs["x2_scale"], 1, qtype), attrs)
 
 
 @kind("QuantGemm")

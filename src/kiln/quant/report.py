@@ -10,10 +10,10 @@ import torch
 from rich.table import Table
 
 from kiln.ir import Network
-from kiln.kinds import qtype as qtypes
+from kiln.kinds import qtype as qtypes, quantized
 
 MAX_ROWS = 40
-QUANTIZED = ("QuantConv", "QuantGemm")
+QUANTIZED = quantized.KINDS
 
 
 def record_qtype(info: dict) -> qtypes.QType:
@@ -62,7 +62,7 @@ def _scale_inputs(net: Network) -> set[str]:
     out = set()
     for layer in net.layers:
         if layer.kind in QUANTIZED:
-            out.add(layer.inputs[2])
+            out.update(layer.inputs[2:3] + (layer.inputs[6:7] if layer.kind == "QuantConvPair" else []))
         elif layer.kind in ("QuantizeLinear", "DequantizeLinear"):
             out.update(n for n in layer.inputs[1:3] if n)
     return out

@@ -1,0 +1,116 @@
+"""QuantConvPair (two 1x1 int8 convs summed under one epilogue, quant/fuse_conv_pair.py): through the Gluon pair
+kernel (kernels/int8_conv_pair.py, Hopper: neither the second conv's fp32 map nor an int8 copy of it touches
+memory), or, on any GPU, as two Triton implicit-GEMM convs (kernels/int8_conv.py): the second writes its fp32
+value, which the first adds as a float residual, the same fp32 operations in the same order."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.kernels import int8_conv, int8_conv_pair
+from kiln.kernels.common import smem_limit
+from kiln.kinds.qtype import INT8
+from kiln.tactics import int8_lowering
+from kiln.tactics.common import first, rank
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_gemm import _epilogue
+from kiln.tactics.triton_int8_tma import _device_reason
+
+X, W, W_SCALE, BIAS, X2, W2, W2_SCALE, BIAS2 = range(8)  # QuantConvPair's inputs
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    a = spec.attrs
+    if spec.kind != "QuantConvPair" or int8_lowering.qtype(spec) is not INT8:
+        return "int8 QuantConvPair only"
+    if any(spec.inputs[k] is None or spec.inputs[k].const is None for k in (W, W_SCALE, W2, W2_SCALE)) or any(
+            spec.inputs[k] is not None and spec.inputs[k].const is None for k in (BIAS, BIAS2)):
+        return "weights, scales and biases must be build-time constants"
+    if rank(spec.inputs[X]) != 4 or rank(spec.inputs[X2]) != 4 or not (spec.inputs[X].static and
+                                                                       spec.inputs[X2].static):
+        return "2-D convolutions with static shapes only"
+    if a.get("activation", "none") not in int8_lowering.ACTIVATIONS or a.get("out_scale") is None:
+        return "an int8 output with one of the int8 epilogue's activations only"
+    return None
+
+
+def _scale(x_scale: float, w_scale: torch.Tensor) -> torch.Tensor:
+    """x_scale · w_scale[c]: one fp32 product, as the reference rounds it."""
+    ws = w_scale.float()
+    return (torch.tensor(x_scale, dtype=torch.float32, device=ws.device) * ws).contiguous()
+
+
+def _bias(spec: LayerSpec, k: int) -> torch.Tensor | None:
+    b = spec.inputs[k]
+    return None if b is None else b.const.float().reshape(-1).contiguous()
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    out, c = spec.outputs[0].shape, spec.inputs[W].const.shape[1]
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv.configs(out[0] * out[2] * out[3], out[1], c,
+                                                                   smem_limit(device), level)]
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    w, w2 = (int8_conv.pack_weight(spec.inputs[k].const) for k in (W, W2))
+    scale, scale2 = _scale(a["x_scale"], spec.inputs[W_SCALE].const), _scale(a["x2_scale"], spec.inputs[W2_SCALE].const)
+    bias, bias2 = _bias(spec, BIAS), _bias(spec, BIAS2)
+    act, act_alpha, act_beta = _epilogue(a)
+    tiles = {k: config[k] for k in int8_conv.CONFIG_KEYS}
+    conv = dict(kernel=(1, 1), pads=[0] * 4, dilations=(1, 1), config=tiles)
+
+    def run(inputs, out=None):
+        r = int8_conv.conv2d(inputs[X2], w2, scale2, strides=tuple(a["strides2"]), bias=bias2, **conv)  # fp32
+        return [int8_conv.conv2d(inputs[X], w, scale, strides=tuple(a["strides"]), bias=bias, residual=r,
+                                 out_scale=a["out_scale"], activation=act, act_alpha=act_alpha, act_beta=act_beta,
+                                 out=first(out), **conv)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv_pair", ("QuantConvPair",), _compile, _supports, _configs, priority=15,
+                writes_out=True))
+
+
+def _wgmma_reason(spec: LayerSpec) -> str | None:
+    if not int8_conv_pair.available():
+        return "this triton has no Gluon"
+    if _epilogue(spec.attrs)[0] not in int8_conv_pair.wg.ACTIVATIONS:
+        return f"activations {', '.join(int8_conv_pair.wg.ACTIVATIONS)} only"
+    if any(spec.inputs[k].const.shape[0] % 16 or spec.inputs[k].const.shape[1] % 16 for k in (W, W2)):
+        return "channels must be multiples of 16 (TMA's 16-byte rows)"
+    return None
+
+
+def _wgmma_configs(spec: LayerSpec, device, level: int):
+    out, c = spec.outputs[0].shape, min(spec.inputs[k].const.shape[1] for k in (W, W2))
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_pair.configs(out[2], out[3], out[1], c, smem_limit(device))]
+
+
+def _compile_wgmma(spec: LayerSpec, config, device):
+    a = spec.attrs
+    w, w2 = (spec.inputs[k].const.reshape(spec.inputs[k].const.shape[:2]).contiguous() for k in (W, W2))
+    scale, scale2 = _scale(a["x_scale"], spec.inputs[W_SCALE].const), _scale(a["x2_scale"], spec.inputs[W2_SCALE].const)
+    bias, bias2 = _bias(spec, BIAS), _bias(spec, BIAS2)
+    (sh, sw), (sh2, sw2) = a["strides"], a["strides2"]
+    kw = dict(out_scale=a["out_scale"], activation=_epilogue(a)[0],
+              config={k: config[k] for k in int8_conv_pair.CONFIG_KEYS})
+
+    def run(inputs, out=None):  # a strided 1x1 conv reads its input's subsample
+        return [int8_conv_pair.conv_pair(inputs[X][:, :, ::sh, ::sw], w, scale, bias, inputs[X2][:, :, ::sh2, ::sw2],
+                                         w2, scale2, bias2, out=first(out), **kw)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv_pair_wgmma", ("QuantConvPair",), _compile_wgmma,
+                lambda spec, device: _supports(spec, device) or _wgmma_reason(spec) or _device_reason(device),
+                _wgmma_configs, priority=18, arch_specific=True, writes_out=True))
+
+
+def fast_on(device) -> bool:
+    """Whether `device` runs QuantConvPair through the Gluon pair kernel (a CUDA Hopper GPU and a triton with
+    Gluon): where the build fuses such pairs."""
+    return getattr(device, "backend", None) == "cuda" and int8_conv_pair.available() and _device_reason(device) is None
