@@ -136,24 +136,27 @@ def _desc_sig(block):
 @pytest.mark.skipif(not int8_conv_pair.available(), reason="this triton has no Gluon")
 def test_pair_kernel_compiles_for_hopper_with_one_wgmma_in_flight():
     """AOT compile for sm90 (no GPU needed), every tile ResNet-50's layer-1 pair gets: 4-D TMA boxes, one wgmma in
-    flight, products and sums rounded apart (no FMA), no register spills to local memory."""
+    flight while the next slot refills, products and sums rounded apart (no FMA), no register spills to local
+    memory, the output leaving by TMA."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    cfgs = int8_conv_pair.configs(56, 56, 256, 64, 227 * 1024)
+    cfgs = int8_conv_pair.configs(56, 56, 256, 64, 64, 227 * 1024)
     assert cfgs and all(c["BH"] * c["BW"] * c["BLOCK_N"] <= 64 * 32 * c["num_warps"] for c in cfgs)
+    assert all(int8_conv_pair.smem_bytes(c, 64, 64) * c["stream"] <= 227 * 1024 for c in cfgs)
     for cfg in cfgs:
         bh, bw, bn, bk = cfg["BH"], cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         sig = {"x_desc": _desc_sig([1, bh, bw, bk]), "w_desc": _desc_sig([bn, bk]), "x2_desc": _desc_sig([1, bh, bw, bk]),
                "w2_desc": _desc_sig([bn, bk]), "y_desc": _desc_sig([1, bh, bw, bn]), "scale": "*fp32", "bias": "*fp32",
                "scale2": "*fp32", "bias2": "*fp32", "out_inv": "fp32"}
-        sig |= dict.fromkeys("OH OW CO K1 K2".split(), "i32")
-        consts = {"HAS_BIAS": True, "HAS_BIAS2": True, "ACT": "relu", "STAGES": cfg["STAGES"]}
+        sig |= dict.fromkeys("CO tiles_w tiles_hw tiles".split(), "i32")
+        consts = {"HAS_BIAS": True, "HAS_BIAS2": True, "ACT": "relu", "KT1": 1, "KT2": 1, "STAGES": cfg["STAGES"]}
         k = triton.compile(GluonASTSource(int8_conv_pair._pair_kernel, sig | dict.fromkeys(consts, "constexpr"),
                                           consts), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})
         ptx = k.asm["ptx"]
         assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
+        assert "cp.async.bulk.tensor.4d.global.shared" in ptx, cfg  # the TMA store
         assert "fma.rn.f32" not in ptx and ".local" not in ptx, cfg
 
 

@@ -1,8 +1,10 @@
 """Two 1x1 int8 convs of one output map summed under one epilogue (kinds/quantized.QuantConvPair: a bottleneck's
-last conv and its downsample), in Gluon for Hopper: per output tile (BH x BW pixels, BLOCK_N channels) the
-reduction over the first input's channels, then over the second's, through one pipeline of 4-D TMA boxes and
-wgmma (one in flight); then v = (fp32(acc)·scale + bias) + (fp32(acc2)·scale2 + bias2), the activation,
-int8 out by a TMA store. Either input may be a strided view (a strided conv's subsample, see kernels/common.tma_nhwc).
+last conv and its downsample), in Gluon for Hopper. Persistent, as the streaming GEMM: a program keeps both convs'
+weight blocks for its BLOCK_N channels in shared memory and walks output tiles (BH x BW pixels), their input
+boxes (4-D TMA, the first input's channel blocks then the second's) arriving through a ring of STAGES slots while
+earlier ones feed wgmma; per tile v = (fp32(acc)·scale + bias) + (fp32(acc2)·scale2 + bias2), the activation,
+int8 out by a double-buffered TMA store. Either input may be a strided view (a strided conv's subsample,
+kernels/common.tma_nhwc).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from kiln.kernels.common import tma_nhwc
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
-CONFIG_KEYS = wg.CONV_KEYS
-REGISTERS = 64  # fp32 values per thread of one [BM, BLOCK_N] tile: two such tiles (v and acc2) stay live
+CONFIG_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps", "stream")
+# (BH, BW, BLOCK_N): one warpgroup (its wgmma wait covers every reader of a slot before the refill), and v and the
+# second accumulator, both [BH·BW, BLOCK_N], live at once: at most 64 values each per thread
+_SPACE = [(8, 16, 64), (16, 8, 64), (8, 8, 128), (8, 8, 64)]
+BARRIER_BYTES = 64
 
 
 def available() -> bool:
@@ -28,96 +33,127 @@ if wg.gluon is not None:
     mbarrier, tma = wg.mbarrier, wg.tma
 
     @gluon.jit
-    def _pair_issue(x_desc, w_desc, x2_desc, w2_desc, step, K1, n, oh0, ow0, off_n, bar, a_dst, w_dst,
-                    nbytes: gl.constexpr, pred):
-        """Step `step`'s input box and weight tile: channel block `step` of the first conv, or `step - K1` of the
-        second."""
+    def _pair_issue(x_desc, x2_desc, u, KT1: gl.constexpr, KT: gl.constexpr, first, step, tiles_w, tiles_hw, bar,
+                    dst, pred):
+        """Unit u's input box (the program's tile u // KT, channel block u % KT: the first input's, then the
+        second's)."""
+        BH: gl.constexpr = x_desc.block_type.shape[1]
+        BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
-        first = step < K1
-        second = step >= K1
-        mbarrier.expect(bar, nbytes, pred=pred)
-        wg._tma_load(x_desc, [n, oh0, ow0, step * BK], bar, a_dst, pred=pred & first)
-        wg._tma_load(w_desc, [off_n, step * BK], bar, w_dst, pred=pred & first)
-        wg._tma_load(x2_desc, [n, oh0, ow0, (step - K1) * BK], bar, a_dst, pred=pred & second)
-        wg._tma_load(w2_desc, [off_n, (step - K1) * BK], bar, w_dst, pred=pred & second)
+        t = first + (u // KT) * step
+        k = u % KT
+        n = t // tiles_hw
+        oh0 = (t % tiles_hw) // tiles_w * BH
+        ow0 = (t % tiles_w) * BW
+        mbarrier.expect(bar, BH * BW * BK, pred=pred)
+        wg._tma_load(x_desc, [n, oh0, ow0, k * BK], bar, dst, pred=pred & (k < KT1))
+        wg._tma_load(x2_desc, [n, oh0, ow0, (k - KT1) * BK], bar, dst, pred=pred & (k >= KT1))
 
     @gluon.jit
     def _col(ptr, rn, n_ok):
         return gl.expand_dims(gl.load(ptr + rn, mask=n_ok, other=0.0), 0)
 
     @gluon.jit
-    def _pair_kernel(x_desc, w_desc, x2_desc, w2_desc, y_desc, scale, bias, scale2, bias2, OH, OW, CO, K1, K2,
-                     out_inv, HAS_BIAS: gl.constexpr, HAS_BIAS2: gl.constexpr, ACT: gl.constexpr,
-                     STAGES: gl.constexpr):
+    def _pair_units(x_desc, x2_desc, a_s, w_s, bars, acc, i, k0, KS: gl.constexpr, KT1: gl.constexpr,
+                    KT: gl.constexpr, STAGES: gl.constexpr, first, step, tiles_w, tiles_hw, units):
+        """Tile i's units k0 .. k0 + KS - 1 into acc, one wgmma in flight: each refills the slot of the one before."""
+        BM: gl.constexpr = x_desc.block_type.shape[1] * x_desc.block_type.shape[2]
+        BK: gl.constexpr = x_desc.block_type.shape[3]
+        for kb in range(KS):
+            u = i * KT + k0 + kb
+            st = u % STAGES
+            mbarrier.wait(bars.index(st), (u // STAGES) & 1)
+            acc = wg.warpgroup_mma(a_s.index(st).reshape([BM, BK]), w_s.index(k0 + kb).permute((1, 0)), acc,
+                                   is_async=True)
+            acc = wg.warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            nu = u + STAGES - 1
+            _pair_issue(x_desc, x2_desc, nu, KT1, KT, first, step, tiles_w, tiles_hw, bars.index(nu % STAGES),
+                        a_s.index(nu % STAGES), nu < units)
+        return wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    @gluon.jit
+    def _pair_kernel(x_desc, w_desc, x2_desc, w2_desc, y_desc, scale, bias, scale2, bias2, CO, out_inv, tiles_w,
+                     tiles_hw, tiles, HAS_BIAS: gl.constexpr, HAS_BIAS2: gl.constexpr, ACT: gl.constexpr,
+                     KT1: gl.constexpr, KT2: gl.constexpr, STAGES: gl.constexpr):
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BM: gl.constexpr = BH * BW
-        tiles_w = gl.cdiv(OW, BW)
-        tiles_hw = gl.cdiv(OH, BH) * tiles_w
-        pid = gl.program_id(0)
-        n = pid // tiles_hw
-        oh0 = (pid % tiles_hw) // tiles_w * BH
-        ow0 = (pid % tiles_w) * BW
-        off_n = gl.program_id(1) * BN
+        KT: gl.constexpr = KT1 + KT2
+        tiles_n = gl.cdiv(CO, BN)
+        step = gl.num_programs(0) // tiles_n  # programs per n-block; those sharing a tile run side by side
+        off_n = (gl.program_id(0) % tiles_n) * BN
+        first = gl.program_id(0) // tiles_n
+        count = gl.cdiv(tiles - first, step)
+        units = count * KT
 
+        w_s = gl.allocate_shared_memory(w_desc.dtype, [KT, BN, BK], w_desc.layout)
         a_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, 1, BH, BW, BK], x_desc.layout)
-        w_s = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-        nbytes: gl.constexpr = (BM + BN) * BK
-        steps = K1 + K2
+        c_s = gl.allocate_shared_memory(y_desc.dtype, [2, 1, BH, BW, BN], y_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())  # stages, weights
+        for i in gl.static_range(STAGES + 1):
+            mbarrier.init(bars.index(i), count=1)
+        mbarrier.expect(bars.index(STAGES), KT * BN * BK)
+        for j in gl.static_range(KT1):
+            wg._tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
+        for j in gl.static_range(KT2):
+            wg._tma_load(w2_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(KT1 + j))
         for i in gl.static_range(STAGES - 1):
-            _pair_issue(x_desc, w_desc, x2_desc, w2_desc, i, K1, n, oh0, ow0, off_n, ready.index(i), a_s.index(i),
-                        w_s.index(i), nbytes, i < steps)
+            _pair_issue(x_desc, x2_desc, i, KT1, KT, first, step, tiles_w, tiles_hw, bars.index(i), a_s.index(i),
+                        i < units)
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BN, 32])
         rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
         n_ok = rn < CO
-        acc = gl.zeros((BM, BN), gl.int32, layout=mma)
-        for kb in range(K1):
-            s = kb % STAGES
-            acc = wg._mma_step(a_s.index(s).reshape([BM, BK]), w_s.index(s), acc, ready.index(s), (kb // STAGES) & 1)
-            nk = kb + STAGES - 1
-            _pair_issue(x_desc, w_desc, x2_desc, w2_desc, nk, K1, n, oh0, ow0, off_n, ready.index(nk % STAGES),
-                        a_s.index(nk % STAGES), w_s.index(nk % STAGES), nbytes, nk < steps)
-        acc = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        v = acc.to(gl.float32) * _col(scale, rn, n_ok)
-        if HAS_BIAS:
-            v += _col(bias, rn, n_ok)
-        acc = gl.zeros((BM, BN), gl.int32, layout=mma)
-        for kb in range(K1, steps):
-            s = kb % STAGES
-            acc = wg._mma_step(a_s.index(s).reshape([BM, BK]), w_s.index(s), acc, ready.index(s), (kb // STAGES) & 1)
-            nk = kb + STAGES - 1
-            _pair_issue(x_desc, w_desc, x2_desc, w2_desc, nk, K1, n, oh0, ow0, off_n, ready.index(nk % STAGES),
-                        a_s.index(nk % STAGES), w_s.index(nk % STAGES), nbytes, nk < steps)
-        acc = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-        v2 = acc.to(gl.float32) * _col(scale2, rn, n_ok)
-        if HAS_BIAS2:
-            v2 += _col(bias2, rn, n_ok)
-        q = wg._activate_requant(v + v2, out_inv, ACT)
-        c_s = gl.allocate_shared_memory(y_desc.dtype, [1, BH, BW, BN], y_desc.layout)
-        c_s.reshape([BM, BN]).store(q)
-        wg.fence_async_shared()
-        wg._tma_store(y_desc, [n, oh0, ow0, off_n], c_s)
+        mbarrier.wait(bars.index(STAGES), 0)
+        for i in range(count):
+            t = first + i * step
+            acc = _pair_units(x_desc, x2_desc, a_s, w_s, bars, gl.zeros((BM, BN), gl.int32, layout=mma), i, 0, KT1,
+                              KT1, KT, STAGES, first, step, tiles_w, tiles_hw, units)
+            v = acc.to(gl.float32) * _col(scale, rn, n_ok)
+            if HAS_BIAS:
+                v += _col(bias, rn, n_ok)
+            acc = _pair_units(x_desc, x2_desc, a_s, w_s, bars, gl.zeros((BM, BN), gl.int32, layout=mma), i, KT1,
+                              KT2, KT1, KT, STAGES, first, step, tiles_w, tiles_hw, units)
+            v2 = acc.to(gl.float32) * _col(scale2, rn, n_ok)
+            if HAS_BIAS2:
+                v2 += _col(bias2, rn, n_ok)
+            q = wg._activate_requant(v + v2, out_inv, ACT)
+            buf = c_s.index(i % 2)
+            wg.store_tile(q, buf.reshape([BM, BN]), buf, y_desc,
+                          [t // tiles_hw, (t % tiles_hw) // tiles_w * BH, (t % tiles_w) * BW, off_n])
         tma.store_wait(0)
+        for i in gl.static_range(STAGES + 1):
+            mbarrier.invalidate(bars.index(i))
 
 
-def configs(oh: int | None, ow: int | None, co: int, c: int, smem: int) -> list[dict]:
-    """The implicit-GEMM conv's tiles (kernels/int8_gemm_wgmma.conv_configs) whose two live [BM, BLOCK_N] fp32 tiles
-    fit the registers, with room for the output tile in shared memory."""
+def _block_k(c: int, c2: int) -> int:
+    """The channel block both inputs divide into: 64, 32 or 16."""
+    return next(bk for bk in (64, 32, 16) if c % bk == 0 and c2 % bk == 0)
+
+
+def smem_bytes(cfg: dict, c: int, c2: int) -> int:
+    """One program's shared memory: both weight blocks, the STAGES input slots, two output tiles."""
+    bm, bn, bk = cfg["BH"] * cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    return (c + c2) * bn + cfg["STAGES"] * bm * bk + 2 * bm * bn + BARRIER_BYTES
+
+
+def configs(oh: int | None, ow: int | None, co: int, c: int, c2: int, smem: int) -> list[dict]:
+    """Tiles whose weight blocks, slots and output tiles fit `smem` (as many programs to a multiprocessor as fit, up
+    to four) and that do not dwarf the map or the channels; none unless the channels are multiples of 16."""
+    if c % 16 or c2 % 16 or co % 16:
+        return []
     out = []
-    for cfg in wg.conv_configs(oh, ow, co, c, smem):
-        bm = cfg["BH"] * cfg["BW"]
-        need = cfg["STAGES"] * (bm + cfg["BLOCK_N"]) * cfg["BLOCK_K"] + bm * cfg["BLOCK_N"]
-        if bm * cfg["BLOCK_N"] <= REGISTERS * 32 * cfg["num_warps"] and need <= smem:
-            out.append(cfg)
+    for stages in (4, 3):
+        for bh, bw, bn in _SPACE:
+            cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": _block_k(c, c2), "STAGES": stages, "num_warps": 4}
+            need = smem_bytes(cfg, c, c2)
+            fits = bn <= max(64, co) and bw <= max(8, triton.next_power_of_2(ow or 8)) and bh <= max(
+                8, triton.next_power_of_2(oh or 8))
+            if need <= smem and fits:
+                out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
     return out
 
 
@@ -147,12 +183,16 @@ def conv_pair(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     if not y.is_contiguous(memory_format=torch.channels_last):
         raise ValueError("the output buffer must be channels_last")
     bh, bw, bn, bk = config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
+    if c % bk or x2.shape[1] % bk:
+        raise ValueError("both inputs' channels must be multiples of BLOCK_K")
     box = [1, bh, bw, bk]
-    grid = (n * triton.cdiv(oh, bh) * triton.cdiv(ow, bw), triton.cdiv(co, bn))
-    _pair_kernel[grid](_desc(x.permute(0, 2, 3, 1), box), _desc(w, [bn, bk]), _desc(x2.permute(0, 2, 3, 1), box),
-                       _desc(w2, [bn, bk]), _desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale,
-                       bias if bias is not None else scale, scale2, bias2 if bias2 is not None else scale2, oh, ow, co,
-                       triton.cdiv(c, bk), triton.cdiv(x2.shape[1], bk), inv_scale(out_scale),
-                       HAS_BIAS=bias is not None, HAS_BIAS2=bias2 is not None, ACT=activation,
-                       STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
+    tiles_w, tiles_hw = triton.cdiv(ow, bw), triton.cdiv(oh, bh) * triton.cdiv(ow, bw)
+    tiles, tiles_n = n * tiles_hw, triton.cdiv(co, bn)
+    per_n = max(1, min(tiles, config["stream"] * wg._programs(x.device) // tiles_n))
+    _pair_kernel[(tiles_n * per_n,)](
+        _desc(x.permute(0, 2, 3, 1), box), _desc(w, [bn, bk]), _desc(x2.permute(0, 2, 3, 1), box), _desc(w2, [bn, bk]),
+        _desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale, bias if bias is not None else scale, scale2,
+        bias2 if bias2 is not None else scale2, co, inv_scale(out_scale), tiles_w, tiles_hw, tiles,
+        HAS_BIAS=bias is not None, HAS_BIAS2=bias2 is not None, ACT=activation, KT1=c // bk, KT2=x2.shape[1] // bk,
+        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
     return y

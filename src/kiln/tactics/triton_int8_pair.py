@@ -84,9 +84,17 @@ def _wgmma_reason(spec: LayerSpec) -> str | None:
     return None
 
 
+def _supports_wgmma(spec: LayerSpec, device) -> str | None:
+    reason = _supports(spec, device) or _wgmma_reason(spec) or _device_reason(device)
+    if reason is None and not _wgmma_configs(spec, device, 3):
+        return "no tile fits: both convs' weight blocks too big for shared memory"
+    return reason
+
+
 def _wgmma_configs(spec: LayerSpec, device, level: int):
-    out, c = spec.outputs[0].shape, min(spec.inputs[k].const.shape[1] for k in (W, W2))
-    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_pair.configs(out[2], out[3], out[1], c, smem_limit(device))]
+    out, (c, c2) = spec.outputs[0].shape, (spec.inputs[k].const.shape[1] for k in (W, W2))
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_pair.configs(out[2], out[3], out[1], c, c2,
+                                                                        smem_limit(device))]
 
 
 def _compile_wgmma(spec: LayerSpec, config, device):
@@ -106,8 +114,7 @@ def _compile_wgmma(spec: LayerSpec, config, device):
 
 
 register(Tactic("triton_int8_conv_pair_wgmma", ("QuantConvPair",), _compile_wgmma,
-                lambda spec, device: _supports(spec, device) or _wgmma_reason(spec) or _device_reason(device),
-                _wgmma_configs, priority=18, arch_specific=True, writes_out=True))
+                _supports_wgmma, _wgmma_configs, priority=18, arch_specific=True, writes_out=True))
 
 
 def fast_on(device) -> bool:
