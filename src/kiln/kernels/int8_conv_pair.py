@@ -18,9 +18,10 @@ from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
 CONFIG_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps", "stream")
-# (BH, BW, BLOCK_N): one warpgroup (its wgmma wait covers every reader of a slot before the refill), and v and the
-# second accumulator, both [BH·BW, BLOCK_N], live at once: at most 64 values each per thread
-_SPACE = [(8, 16, 64), (16, 8, 64), (8, 8, 128), (8, 8, 64)]
+# (BH, BW, BLOCK_N, num_warps): v and the second accumulator, both [BH·BW, BLOCK_N], live at once: at most 64 values
+# each per thread; with two warpgroups a CTA barrier after each wgmma wait makes a slot's refill wait for both
+_SPACE = [(8, 16, 128, 8), (16, 8, 128, 8), (16, 16, 64, 8), (8, 16, 64, 4), (16, 8, 64, 4), (8, 8, 128, 4),
+          (8, 8, 64, 4)]
 BARRIER_BYTES = 64
 
 
@@ -66,6 +67,8 @@ if wg.gluon is not None:
             acc = wg.warpgroup_mma(a_s.index(st).reshape([BM, BK]), w_s.index(k0 + kb).permute((1, 0)), acc,
                                    is_async=True)
             acc = wg.warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if gl.num_warps() > 4:  # the other warpgroup's wgmma u - 1 is done too before its slot refills
+                wg._sync_warps()
             nu = u + STAGES - 1
             _pair_issue(x_desc, x2_desc, nu, KT1, KT, first, step, tiles_w, tiles_hw, bars.index(nu % STAGES),
                         a_s.index(nu % STAGES), nu < units)
@@ -147,8 +150,8 @@ def configs(oh: int | None, ow: int | None, co: int, c: int, c2: int, smem: int)
         return []
     out = []
     for stages in (4, 3):
-        for bh, bw, bn in _SPACE:
-            cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": _block_k(c, c2), "STAGES": stages, "num_warps": 4}
+        for bh, bw, bn, warps in _SPACE:
+            cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": _block_k(c, c2), "STAGES": stages, "num_warps": warps}
             need = smem_bytes(cfg, c, c2)
             fits = bn <= max(64, co) and bw <= max(8, triton.next_power_of_2(ow or 8)) and bh <= max(
                 8, triton.next_power_of_2(oh or 8))
