@@ -329,9 +329,9 @@ if cc >= 90:  # the TMA-fed GEMM: int8 with an int8 residual, requantized
     assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor.4d" in k.asm["ptx"]
 s2d = {"x": f8, "s": f8} | {k: "i32" for k in "C H W HS WS pt pl s_xn s_xc s_xh s_xw".split()}
 build(space_to_depth._s2d_kernel, s2d, {"FP8": True, "CS": 16, "BLOCK_J": 64}, cc)  # a stem conv's input regrouped, fp8
-mp = {"x": "*i8", "y": "*i8"} | {k: "i32" for k in "N C H W OH OW KH KW sh sw ph pw dh dw".split()}
+mp = {"x": "*i8", "y": "*i8"} | {k: "i32" for k in "N C H W OH OW sh sw ph pw dh dw".split()}
 mp |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_yn s_yc s_yh s_yw".split()}
-build(pool._max_pool_kernel, mp, {"BLOCK_P": 64, "BLOCK_C": 64}, cc)
+build(pool._max_pool_kernel, mp, {"KH": 3, "KW": 3, "BLOCK_P": 64, "BLOCK_C": 64}, cc)
 print("compiled")
 '''
 
