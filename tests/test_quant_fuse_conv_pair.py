@@ -16,8 +16,7 @@ from kiln.quant.fuse_conv_pair import fuse_conv_pair
 from kiln.tactics import registry
 from kiln.tactics.spec import LayerSpec, ValueSpec
 from test_kernels_int8 import CPU, EPI
-from models.export import export
-from test_quant_int8_residual import BATCH, Bottleneck, Projection, _cosine
+from test_quant_int8_residual import Bottleneck, Projection, _cosine, small_resnet
 
 CONSTS = (1, 2, 3, 5, 6, 7)  # weights, scales, biases
 
@@ -46,14 +45,7 @@ def _build(tmp_path):
     """A projection block then an identity block (the projection's output int8: read by a conv and a residual),
     built int8 on the CPU (no pairs fused there: the build fuses them where the Gluon kernel runs), and fp32."""
     import kiln
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), Projection(16), Bottleneck(32),
-                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
-    path = export(m, (torch.randn(2, 3, 8, 8),), tmp_path / "proj.onnx", dynamo=False, input_names=["x"],
-                  output_names=["y"], dynamic_axes={"x": {0: "b"}})
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "calib.npz", x=rng.normal(size=(32, 3, 8, 8)).astype(np.float32))
-    x = rng.normal(size=(BATCH, 3, 8, 8)).astype(np.float32)
+    path, x = small_resnet(tmp_path, lambda: (Projection(16), Bottleneck(32)), 32, "pair")
     shapes = {"x": x.shape}
     return kiln.build(path, kiln.BuildConfig.with_shapes(shapes, device="cpu", calibrator="minmax", int8=True,
                                                          calib=str(tmp_path / "calib.npz"))), \

@@ -35,15 +35,21 @@ class Bottleneck(torch.nn.Module):
         return torch.relu(self.conv3(h) + x)
 
 
-def _resnet(tmp_path):
+def small_resnet(tmp_path, blocks, width: int, name: str = "resnet"):
+    """A 16-channel stem, `blocks` (made after seeding torch), pooling and a classifier over `width` features,
+    exported to ONNX with calibration data beside it: (path, a batch of inputs)."""
     torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), Bottleneck(16), Bottleneck(16),
-                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
-    path = export(m, (torch.randn(2, 3, 8, 8),), tmp_path / "resnet.onnx", dynamo=False, input_names=["x"],
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), *blocks(),
+                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(width, 10))
+    path = export(m, (torch.randn(2, 3, 8, 8),), tmp_path / f"{name}.onnx", dynamo=False, input_names=["x"],
                   output_names=["y"], dynamic_axes={"x": {0: "b"}})
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "calib.npz", x=rng.normal(size=(32, 3, 8, 8)).astype(np.float32))
     return path, rng.normal(size=(BATCH, 3, 8, 8)).astype(np.float32)
+
+
+def _resnet(tmp_path):
+    return small_resnet(tmp_path, lambda: (Bottleneck(16), Bottleneck(16)), 16)
 
 
 def _build(tmp_path, **config):
@@ -134,14 +140,7 @@ class Projection(torch.nn.Module):
 
 
 def _projection_build(tmp_path, **config):
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), Projection(16),
-                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
-    path = export(m, (torch.randn(2, 3, 8, 8),), tmp_path / "proj.onnx", dynamo=False, input_names=["x"],
-                  output_names=["y"], dynamic_axes={"x": {0: "b"}})
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "calib.npz", x=rng.normal(size=(32, 3, 8, 8)).astype(np.float32))
-    x = rng.normal(size=(BATCH, 3, 8, 8)).astype(np.float32)
+    path, x = small_resnet(tmp_path, lambda: (Projection(16),), 32, "proj")
     cfg = kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu", calibrator="minmax", int8=True, **config)
     return kiln.build(path, cfg), kiln.build(path, kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu")), x
 
