@@ -41,6 +41,13 @@ def resolve_pads(in_spatial, attrs: dict) -> list[int]:
     return list(attrs["pads"])
 
 
+def pointwise(attrs: dict, w: torch.Tensor | None) -> bool:
+    """A 2-D conv with a 1x1 weight, no padding and one group (any stride): a GEMM over (a subsample of) its
+    input's pixels."""
+    return w is not None and w.dim() == 4 and tuple(w.shape[2:]) == (1, 1) and not any(attrs.get("pads", [0])) \
+        and attrs.get("group", 1) == 1 and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+
+
 def pad_spatial(x: torch.Tensor, pads: list[int], value: float = 0.0) -> torch.Tensor:
     """Pad (negative: crop) the trailing len(pads)//2 dims of x by ONNX-ordered [begins..., ends...]."""
     n = len(pads) // 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kiln.ir import Layer, Network
 from kiln.kinds import qtype as qtypes
+from kiln.kinds.conv import pointwise
 from kiln.passes import PassContext
 from kiln.passes.eliminate_dead import eliminate_dead
 
@@ -20,10 +21,8 @@ RESIDUAL = 4  # QuantConv's residual input
 
 def _pointwise(net: Network, layer: Layer) -> bool:
     """An int8 QuantConv with a constant 1x1 weight, no padding, group 1."""
-    a, w = layer.attrs, net.constants.get(layer.inputs[1])
-    return layer.kind == "QuantConv" and qtypes.of(a) is qtypes.INT8 and w is not None and w.dim() == 4 and \
-        tuple(w.shape[2:]) == (1, 1) and not any(a.get("pads", [0])) and a.get("group", 1) == 1 and \
-        a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+    return layer.kind == "QuantConv" and qtypes.of(layer.attrs) is qtypes.INT8 and \
+        pointwise(layer.attrs, net.constants.get(layer.inputs[1]))
 
 
 def _inputs(layer: Layer) -> list[str]:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.kinds import qtype as qtypes
-from kiln.kinds.conv import resolve_pads
+from kiln.kinds.conv import pointwise, resolve_pads
 from kiln.kinds.fused import activate
 from kiln.kinds.quantized import float_out, requantize
 from kiln.tactics.common import rank
@@ -87,10 +87,8 @@ def residual_reason(spec: LayerSpec) -> str | None:
 def subsample(spec: LayerSpec) -> tuple[int, int] | None:
     """The strides of a strided 1x1 unpadded QuantConv, which is a stride-1 conv of its input's subsample
     x[:, :, ::sh, ::sw] (a strided view TMA can read); None for any other layer."""
-    a, w = spec.attrs, spec.inputs[1].const
-    strides = tuple(a.get("strides", (1, 1)))
-    if spec.kind != "QuantConv" or w is None or w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or \
-            any(a.get("pads", [0])) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or strides == (1, 1):
+    strides = tuple(spec.attrs.get("strides", (1, 1)))
+    if spec.kind != "QuantConv" or not pointwise(spec.attrs, spec.inputs[1].const) or strides == (1, 1):
         return None
     return strides
 
@@ -106,13 +104,19 @@ def fp8_device_reason(device) -> str | None:
     return None
 
 
+def combined_scale(x_scale: float, w_scale: torch.Tensor) -> torch.Tensor:
+    """x_scale · w_scale[n]: one fp32 product, as the reference rounds it."""
+    ws = w_scale.float()
+    return (torch.tensor(x_scale, dtype=torch.float32, device=ws.device) * ws).contiguous()
+
+
 def _scale(spec: LayerSpec) -> torch.Tensor:
-    ws = spec.inputs[2].const.float()
-    return (torch.tensor(spec.attrs["x_scale"], dtype=torch.float32, device=ws.device) * ws).contiguous()
+    return combined_scale(spec.attrs["x_scale"], spec.inputs[2].const)
 
 
-def _bias(spec: LayerSpec) -> torch.Tensor | None:
-    b = spec.inputs[3] if len(spec.inputs) > 3 else None
+def const_bias(spec: LayerSpec, k: int = 3) -> torch.Tensor | None:
+    """Input k (a constant bias, or absent) as fp32 [N]."""
+    b = spec.inputs[k] if len(spec.inputs) > k else None
     return None if b is None else b.const.float().reshape(-1).contiguous()
 
 
@@ -121,7 +125,7 @@ def gemm_form(spec: LayerSpec) -> GemmForm:
     w = spec.inputs[1].const
     if spec.kind == "QuantGemm":
         n, k = w.shape
-        return GemmForm(w.contiguous(), _scale(spec), _bias(spec), lambda x: x.reshape(-1, k),
+        return GemmForm(w.contiguous(), _scale(spec), const_bias(spec), lambda x: x.reshape(-1, k),
                         lambda y, x: y.reshape(*x.shape[:-1], n), lambda r: r.reshape(-1, n))
     a = spec.attrs
     (_, c, h, wd), (m, _, kh, kw) = spec.inputs[0].shape, w.shape
@@ -140,7 +144,7 @@ def gemm_form(spec: LayerSpec) -> GemmForm:
         win = xp.as_strided((xp.shape[0], oh, ow, kh, kw, c), (sn, s_h * sh, s_w * sw, s_h * dh, s_w * dw, sc))
         return win.reshape(-1, kh * kw * c)
 
-    return GemmForm(w.permute(0, 2, 3, 1).reshape(m, kh * kw * c).contiguous(), _scale(spec), _bias(spec), rows,
+    return GemmForm(w.permute(0, 2, 3, 1).reshape(m, kh * kw * c).contiguous(), _scale(spec), const_bias(spec), rows,
                     lambda y, x: y.reshape(x.shape[0], oh, ow, m).permute(0, 3, 1, 2),
                     lambda r: r.permute(0, 2, 3, 1).reshape(-1, m))
 

@@ -5,8 +5,6 @@ value, which the first adds as a float residual, the same fp32 operations in the
 
 from __future__ import annotations
 
-import torch
-
 from kiln.kernels import int8_conv, int8_conv_pair
 from kiln.kernels.common import smem_limit
 from kiln.kinds.qtype import INT8
@@ -35,15 +33,11 @@ def _supports(spec: LayerSpec, device) -> str | None:
     return None
 
 
-def _scale(x_scale: float, w_scale: torch.Tensor) -> torch.Tensor:
-    """x_scale · w_scale[c]: one fp32 product, as the reference rounds it."""
-    ws = w_scale.float()
-    return (torch.tensor(x_scale, dtype=torch.float32, device=ws.device) * ws).contiguous()
-
-
-def _bias(spec: LayerSpec, k: int) -> torch.Tensor | None:
-    b = spec.inputs[k]
-    return None if b is None else b.const.float().reshape(-1).contiguous()
+def _epilogue_constants(spec: LayerSpec):
+    """Both convs' combined scales and biases (fp32 [CO] each, a bias None when absent)."""
+    a, i = spec.attrs, spec.inputs
+    return (int8_lowering.combined_scale(a["x_scale"], i[W_SCALE].const), int8_lowering.const_bias(spec, BIAS),
+            int8_lowering.combined_scale(a["x2_scale"], i[W2_SCALE].const), int8_lowering.const_bias(spec, BIAS2))
 
 
 def _configs(spec: LayerSpec, device, level: int):
@@ -55,8 +49,7 @@ def _configs(spec: LayerSpec, device, level: int):
 def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
     w, w2 = (int8_conv.pack_weight(spec.inputs[k].const) for k in (W, W2))
-    scale, scale2 = _scale(a["x_scale"], spec.inputs[W_SCALE].const), _scale(a["x2_scale"], spec.inputs[W2_SCALE].const)
-    bias, bias2 = _bias(spec, BIAS), _bias(spec, BIAS2)
+    scale, bias, scale2, bias2 = _epilogue_constants(spec)
     act, act_alpha, act_beta = _epilogue(a)
     tiles = {k: config[k] for k in int8_conv.CONFIG_KEYS}
     conv = dict(kernel=(1, 1), pads=[0] * 4, dilations=(1, 1), config=tiles)
@@ -100,8 +93,7 @@ def _wgmma_configs(spec: LayerSpec, device, level: int):
 def _compile_wgmma(spec: LayerSpec, config, device):
     a = spec.attrs
     w, w2 = (spec.inputs[k].const.reshape(spec.inputs[k].const.shape[:2]).contiguous() for k in (W, W2))
-    scale, scale2 = _scale(a["x_scale"], spec.inputs[W_SCALE].const), _scale(a["x2_scale"], spec.inputs[W2_SCALE].const)
-    bias, bias2 = _bias(spec, BIAS), _bias(spec, BIAS2)
+    scale, bias, scale2, bias2 = _epilogue_constants(spec)
     (sh, sw), (sh2, sw2) = a["strides"], a["strides2"]
     kw = dict(out_scale=a["out_scale"], activation=_epilogue(a)[0],
               config={k: config[k] for k in int8_conv_pair.CONFIG_KEYS})
