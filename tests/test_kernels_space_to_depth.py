@@ -72,3 +72,37 @@ def test_space_to_depth_moves_quantized_values_unchanged(dtype):
     s = space_to_depth.space_to_depth(x.to(dtype).contiguous(memory_format=torch.channels_last), (3, 3), (6, 7), 16)
     assert s.dtype == dtype and torch.equal(s.float(), space_to_depth.space_to_depth(x.to(dtype).float(), (3, 3),
                                                                                       (6, 7), 16))
+
+
+def test_space_to_depth_puts_each_pixel_at_its_channel():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(-100, 100, (2, 3, 9, 8), generator=g).to(torch.int8)
+    s = space_to_depth.space_to_depth(x, (1, 2), (5, 6))
+    for c in range(4):
+        for dy in range(2):
+            for dx in range(2):
+                want = torch.zeros(2, 5, 6, dtype=torch.int8)
+                for i in range(5):
+                    for j in range(6):
+                        h, w = 2 * i + dy - 1, 2 * j + dx - 2
+                        if c < 3 and 0 <= h < 9 and 0 <= w < 8:
+                            want[:, i, j] = x[:, c, h, w]
+                assert torch.equal(s[:, space_to_depth.channel(c, dy, dx)], want), (c, dy, dx)
+    assert sorted(space_to_depth.channel(c, dy, dx) for c in range(4) for dy in range(2) for dx in range(2)) == \
+        list(range(16))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_space_to_depth_quantizes_a_float_image_as_quantize_linear(dtype):
+    from kiln.kernels import quantize
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 11, 10, generator=g) * 3
+    x[0, 0, 0, :4] = torch.tensor([0.25, -0.25, 0.75, 1e3])  # ties to even, saturation
+    got = space_to_depth.space_to_depth(x, (3, 3), (7, 7), scale=0.5, dtype=dtype)
+    want = space_to_depth.space_to_depth(quantize.quantize(x, 0.5, dtype=dtype), (3, 3), (7, 7))
+    assert got.dtype == dtype and torch.equal(got.float(), want.float())
+
+
+def test_space_to_depth_refuses_more_than_four_channels():
+    with pytest.raises(ValueError, match="at most 4"):
+        space_to_depth.space_to_depth(torch.zeros(1, 5, 4, 4, dtype=torch.int8), (0, 0), (2, 2))

@@ -1,7 +1,7 @@
 """2-D max pooling of any float, int8 or fp8 (e4m3) tensor in one pass: each program takes a block of output
-pixels × a block of channels and keeps the running maximum over the window's taps in fp32 (exact for every input
-type); taps in the padding read as -inf. Reads any strides, writes the input's memory format: on channels_last
-(NHWC) memory each tap is one contiguous channel run per pixel.
+pixels × a block of channels and keeps the running maximum over the window's taps: int8 in its own type (taps in
+the padding read as -128), other types in fp32 (exact for each; padding reads as -inf). Reads any strides, writes
+the input's memory format: on channels_last (NHWC) memory each tap is one contiguous channel run per pixel.
 
 Max pooling commutes with quantization (rounding and a positive scale are monotonic), so an int8 engine pools
 its int8 activations directly, at a quarter of the fp32 bytes.
@@ -26,16 +26,27 @@ def _max_pool_kernel(x, y, N, C, H, W, OH, OW, sh, sw, ph, pw, dh, dw, s_xn, s_x
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     n, oh, ow = rp // (OH * OW), (rp // OW) % OH, rp % OW
     p_ok, c_ok = rp < N * OH * OW, rc < C
-    acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
-    for tap in tl.static_range(KH * KW):  # unrolled: every tap's load in flight at once
-        ih = oh * sh - ph + (tap // KW) * dh
-        iw = ow * sw - pw + (tap % KW) * dw
-        ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        mask = ok[:, None] & c_ok[None, :]
-        v = tl.load(x + (n.to(tl.int64) * s_xn + ih * s_xh + iw * s_xw)[:, None] + rc[None, :] * s_xc, mask=mask)
-        acc = tl.maximum(acc, tl.where(mask, v.to(tl.float32), float("-inf")))
+    ih0, iw0 = oh * sh - ph, ow * sw - pw
+    corner = x + (n.to(tl.int64) * s_xn + ih0 * s_xh + iw0 * s_xw)[:, None] + rc[None, :] * s_xc
+    INT: tl.constexpr = x.dtype.element_ty == tl.int8
+    if INT:  # integers compare exactly as they are; taps in the padding read as the type's minimum
+        acc = tl.full((BLOCK_P, BLOCK_C), -128, tl.int8)
+    else:
+        acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
+    for r in tl.static_range(KH):  # unrolled: every tap's load in flight at once
+        row_ok = p_ok & (ih0 + r * dh >= 0) & (ih0 + r * dh < H)
+        for s in tl.static_range(KW):
+            ok = row_ok & (iw0 + s * dw >= 0) & (iw0 + s * dw < W)
+            mask = ok[:, None] & c_ok[None, :]
+            src = corner + (r * dh * s_xh + s * dw * s_xw)
+            if INT:
+                acc = tl.maximum(acc, tl.load(src, mask=mask, other=-128))
+            else:
+                v = tl.load(src, mask=mask)
+                acc = tl.maximum(acc, tl.where(mask, v.to(tl.float32), float("-inf")))
     inside = p_ok[:, None] & c_ok[None, :]
-    acc = tl.where(inside, acc, 0.0)  # lanes outside the output hold -inf, which has no int8 value
+    if not INT:
+        acc = tl.where(inside, acc, 0.0)  # lanes outside the output hold -inf, which has no fp8 value
     tl.store(y + (n.to(tl.int64) * s_yn + oh * s_yh + ow * s_yw)[:, None] + rc[None, :] * s_yc,
              acc.to(y.dtype.element_ty), mask=inside)
 

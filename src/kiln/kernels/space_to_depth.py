@@ -1,12 +1,13 @@
-"""Space-to-depth of a stride-2 conv's input, so the conv runs as a stride-1 conv on 4× the channels:
+"""Space-to-depth of a stride-2 conv's input, so the conv runs as a stride-1 conv on 16 channels:
 
-    S[n, (2·dy + dx)·C + c, i, j] = x[n, c, 2i + dy - pt, 2j + dx - pl]   (zero outside x; channels past 4·C
-    up to `channels` are zero)
+    S[n, channel(c, dy, dx), i, j] = x[n, c, 2i + dy - pt, 2j + dx - pl]   (zero outside x and for c ≥ C)
 
 A KHxKW stride-2 conv of x with pads (pt, pl) equals a ⌈KH/2⌉x⌈KW/2⌉ stride-1, unpadded conv of S whose weight is
-W'[co, (2·dy + dx)·C + c, a, b] = W[co, c, 2a + dy, 2b + dx] (zero past KH, KW): every product of the original
-sum appears once. For a stem conv (C = 3) this turns a 147-long gather per output pixel into 16-channel rows a
-TMA box or a plain row load can fetch. Works on any element type; writes NHWC (channels_last) memory.
+W'[co, channel(c, dy, dx), a, b] = W[co, c, 2a + dy, 2b + dx] (zero past KH, KW): every product of the original
+sum appears once. For a stem conv (C ≤ 4) this turns a 147-long gather per output pixel into 16-channel rows a
+TMA box or a plain row load can fetch. A program reads each input row as one contiguous run and writes each S
+pixel as one 16-byte store; given a scale, it quantizes a float image on the way (QuantizeLinear folded in).
+Works on any element type; writes NHWC (channels_last) memory.
 """
 
 from __future__ import annotations
@@ -15,25 +16,57 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.int8_gemm import load_operand
+from kiln.kernels.common import INTERPRET
+from kiln.kernels.quantize import quantize_values
 
-BLOCK_J = 64  # S pixels per program, each a row of `channels` bytes: no per-element index division
+CHANNELS = 16  # S's channels: four input channels (zero-padded) at four parities
+BLOCK_J = 128  # S pixels per program: a stem's whole row (115 at 224 pixels)
+
+
+def channel(c: int, dy: int, dx: int) -> int:
+    """S's channel of input channel c at row parity dy and column parity dx: the order the kernel's joins build."""
+    return dx * 8 + dy * 4 + (c % 2) * 2 + c // 2
 
 
 @triton.jit
-def _s2d_kernel(x, s, C, H, W, HS, WS, pt, pl, s_xn, s_xc, s_xh, s_xw, FP8: tl.constexpr, CS: tl.constexpr,
-                BLOCK_J: tl.constexpr):
+def _plane(base, c: tl.constexpr, ih, iw, H, W, s_xc, s_xh, scale, C: tl.constexpr, QUANT: tl.constexpr,
+           FP8: tl.constexpr, EXACT_DIV: tl.constexpr, OUT: tl.constexpr):
+    """Input channel c of row ih at the columns iw [BLOCK_J, 2] (both parities), zero outside x or past C."""
+    ok = (c < C) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    if QUANT or FP8:
+        v = tl.load(base + c * s_xc + ih * s_xh, mask=ok, other=0.0)
+    else:
+        v = tl.load(base + c * s_xc + ih * s_xh, mask=ok, other=0)
+    if QUANT:
+        v = quantize_values(v, scale, FP8, EXACT_DIV)
+    return v.to(OUT)
+
+
+@triton.jit
+def _pair(base, c: tl.constexpr, ih, iw, H, W, s_xc, s_xh, scale, C: tl.constexpr, QUANT: tl.constexpr,
+          FP8: tl.constexpr, EXACT_DIV: tl.constexpr, OUT: tl.constexpr):
+    """Channel c at both row parities: [BLOCK_J, 2 (dx), 2 (dy)]."""
+    return tl.join(_plane(base, c, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, OUT),
+                   _plane(base, c, ih + 1, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, OUT))
+
+
+@triton.jit
+def _s2d_kernel(x, s, H, W, HS, WS, pt, pl, s_xn, s_xc, s_xh, s_xw, scale, C: tl.constexpr, QUANT: tl.constexpr,
+                FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_J: tl.constexpr):
     row = tl.program_id(0)  # n·HS + i: one row of S
     n, i = row // HS, row % HS
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    ch = tl.arange(0, CS)
-    c, d = ch % C, ch // C
-    ih = 2 * i + d // 2 - pt
-    iw = 2 * j[:, None] + (d % 2)[None, :] - pl
-    ok = (j < WS)[:, None] & ((d < 4) & (ih >= 0) & (ih < H))[None, :] & (iw >= 0) & (iw < W)
-    src = x + n.to(tl.int64) * s_xn + (c * s_xc + ih * s_xh)[None, :] + iw * s_xw
-    v = load_operand(src, ok, FP8)
-    tl.store(s + row.to(tl.int64) * WS * CS + j[:, None] * CS + ch[None, :], v, mask=(j < WS)[:, None])
+    iw = 2 * j[:, None] + tl.arange(0, 2)[None, :] - pl  # [BLOCK_J, 2]: the pixel's two columns, contiguous
+    base = x + n.to(tl.int64) * s_xn + iw * s_xw
+    ih = 2 * i - pt
+    out: tl.constexpr = s.dtype.element_ty
+    a = tl.join(_pair(base, 0, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out),
+                _pair(base, 1, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out))
+    b = tl.join(_pair(base, 2, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out),
+                _pair(base, 3, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out))
+    v = tl.reshape(tl.join(a, b), (BLOCK_J, 16))  # [j, dx, dy, c % 2, c // 2]: `channel`'s order
+    ch = tl.arange(0, 16)
+    tl.store(s + (row.to(tl.int64) * WS + j[:, None]) * 16 + ch[None, :], v, mask=(j < WS)[:, None])
 
 
 def geometry(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -42,32 +75,35 @@ def geometry(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[tuple[in
     return k2, (out_hw[0] + k2[0] - 1, out_hw[1] + k2[1] - 1)
 
 
-def space_to_depth(x: torch.Tensor, pads: tuple[int, int], size: tuple[int, int], channels: int) -> torch.Tensor:
-    """S (module docstring) of x [N, C, H, W] (any strides) with begin pads (pt, pl), spatial `size` and
-    `channels` ≥ 4·C channels, as an NCHW-shaped channels_last tensor."""
+def space_to_depth(x: torch.Tensor, pads: tuple[int, int], size: tuple[int, int], channels: int = CHANNELS,
+                   scale: float | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """S (module docstring) of x [N, C ≤ 4, H, W] (any strides) with begin pads (pt, pl) and spatial `size`, as an
+    NCHW-shaped channels_last tensor of x's type; with `scale`, x is a float image quantized on the way to `dtype`
+    (int8 or float8_e4m3fn: kernels/quantize.py's values)."""
     n, c, h, w = x.shape
     hs, ws = size
-    if channels & (channels - 1) or channels < 4 * c:
-        raise ValueError(f"channels must be a power of two ≥ 4·C = {4 * c}, got {channels}")
-    s = torch.empty((n, channels, hs, ws), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    if channels != CHANNELS or c > CHANNELS // 4:
+        raise ValueError(f"S has {CHANNELS} channels, for at most {CHANNELS // 4} input channels; got {channels}, {c}")
+    out = x.dtype if scale is None else dtype or torch.int8
+    s = torch.empty((n, CHANNELS, hs, ws), dtype=out, device=x.device, memory_format=torch.channels_last)
     if s.numel():
-        _s2d_kernel[(n * hs, triton.cdiv(ws, BLOCK_J))](x, s, c, h, w, hs, ws, pads[0], pads[1], *x.stride(),
-                                                        FP8=x.dtype == torch.float8_e4m3fn, CS=channels,
-                                                        BLOCK_J=BLOCK_J)
+        _s2d_kernel[(n * hs, triton.cdiv(ws, BLOCK_J))](
+            x, s, h, w, hs, ws, pads[0], pads[1], *x.stride(), float(scale or 1.0), C=c, QUANT=scale is not None,
+            FP8=out == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET, BLOCK_J=BLOCK_J)
     return s
 
 
-def weight(w: torch.Tensor, channels: int) -> torch.Tensor:
-    """W' [CO, channels, ⌈KH/2⌉, ⌈KW/2⌉] (module docstring) of a stride-2 weight [CO, C, KH, KW]."""
+def weight(w: torch.Tensor, channels: int = CHANNELS) -> torch.Tensor:
+    """W' [CO, 16, ⌈KH/2⌉, ⌈KW/2⌉] (module docstring) of a stride-2 weight [CO, C ≤ 4, KH, KW]."""
     co, c, kh, kw = w.shape
+    if channels != CHANNELS or c > CHANNELS // 4:
+        raise ValueError(f"S has {CHANNELS} channels, for at most {CHANNELS // 4} input channels")
     k2 = ((kh + 1) // 2, (kw + 1) // 2)
-    padded = torch.zeros((co, c, 2 * k2[0], 2 * k2[1]), dtype=torch.float32, device=w.device)
-    padded[:, :, :kh, :kw] = w.float()
-    # [co, c, a, dy, b, dx] → [co, dy, dx, c, a, b] → channels (2·dy + dx)·C + c
-    t = padded.view(co, c, k2[0], 2, k2[1], 2).permute(0, 3, 5, 1, 2, 4).reshape(co, 4 * c, *k2)
-    out = torch.zeros((co, channels, *k2), dtype=torch.float32, device=w.device)
-    out[:, :4 * c] = t
-    return out.to(w.dtype)
+    padded = torch.zeros((co, 4, 2 * k2[0], 2 * k2[1]), dtype=torch.float32, device=w.device)
+    padded[:, :c, :kh, :kw] = w.float()
+    # [co, c // 2, c % 2, a, dy, b, dx] → [co, dx, dy, c % 2, c // 2, a, b]: `channel`'s order
+    t = padded.view(co, 2, 2, k2[0], 2, k2[1], 2).permute(0, 6, 4, 2, 1, 3, 5)
+    return t.reshape(co, CHANNELS, *k2).to(w.dtype)
 
 
 def rows(s: torch.Tensor, kw: int) -> torch.Tensor:
