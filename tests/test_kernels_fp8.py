@@ -332,7 +332,7 @@ build(space_to_depth._s2d_kernel, s2d, {"C": 3, "QUANT": False, "FP8": True, "EX
       cc)  # a stem conv's input regrouped, fp8
 mp = {"x": "*i8", "y": "*i8"} | {k: "i32" for k in "N C H W OH OW sh sw ph pw dh dw".split()}
 mp |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_yn s_yc s_yh s_yw".split()}
-build(pool._max_pool_kernel, mp, {"KH": 3, "KW": 3, "BLOCK_P": 64, "BLOCK_C": 64}, cc)
+build(pool._max_pool_kernel, mp, {"KH": 3, "KW": 3, "CLAMP": True, "BLOCK_P": 64, "BLOCK_C": 64}, cc)
 print("compiled")
 '''
 

@@ -87,3 +87,11 @@ def test_triton_global_pool_tactic_runs_an_engine_like_the_reference(tmp_path, k
     assert eng.tactics[pool].tactic == "triton_global_pool"
     x = np.random.default_rng(0).normal(size=(2, 40, 6, 5)).astype(np.float32)
     np.testing.assert_allclose(eng.run({"x": x})["y"], ref.run({"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_padding_taps_read_the_window_s_own_pixels_only_where_every_window_meets_the_map():
+    meet = pool._windows_meet_the_map
+    assert meet((3, 3), (2, 2), (1, 1), (1, 1), (112, 112), (56, 56))  # ResNet's stem pool
+    assert not meet((3, 3), (2, 2), (1, 1), (2, 2), (112, 112), (55, 55))  # dilated: taps skip pixels
+    assert not meet((2, 2), (2, 2), (0, 0), (1, 1), (4, 4), (3, 3))  # the last window lies in the end padding
+    assert not meet((2, 2), (1, 1), (2, 0), (1, 1), (4, 4), (5, 3))  # the first one in the begin padding

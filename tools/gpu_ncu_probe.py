@@ -76,9 +76,36 @@ def cases() -> dict:
     return out
 
 
+def check() -> None:
+    """Space-to-depth (plain and quantizing) and the int8 MaxPool on the GPU against torch, bit for bit."""
+    import torch.nn.functional as F
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randint(-128, 128, (4, 3, 37, 30), device="cuda", dtype=torch.int8, generator=g)
+    s = space_to_depth.space_to_depth(x, (3, 3), (20, 16))
+    xp = F.pad(x.float(), (3, 40, 3, 40))
+    ok = True
+    for c in range(4):
+        for dy in range(2):
+            for dx in range(2):
+                want = xp[:, c, dy::2, dx::2][:, :20, :16] if c < 3 else torch.zeros(4, 20, 16, device="cuda")
+                ok &= torch.equal(s[:, space_to_depth.channel(c, dy, dx)].float(), want)
+    image = torch.randn(4, 3, 37, 30, device="cuda", generator=g) * 3
+    for dtype in (torch.int8, torch.float8_e4m3fn):
+        got = space_to_depth.space_to_depth(image, (3, 3), (20, 16), scale=0.02, dtype=dtype)
+        want = space_to_depth.space_to_depth(quantize.quantize(image, 0.02, dtype=dtype), (3, 3), (20, 16))
+        ok &= torch.equal(got.float(), want.float())
+    print(f"check space_to_depth: {ok}", flush=True)
+    p = _i8(g, 8, 64, 112, 112)
+    want = F.max_pool2d(p.float(), 3, 2, 1).to(torch.int8)
+    for cfg in pool.CONFIGS:
+        got = pool.max_pool2d(p, (3, 3), (2, 2), (1, 1), (1, 1), (56, 56), config=cfg)
+        print(f"check maxpool {cfg}: {torch.equal(got, want)}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time", action="store_true")
+    ap.add_argument("--check", action="store_true", help="compare space-to-depth and MaxPool with torch first")
     ap.add_argument("--only", default="", help="comma-separated case-name prefixes")
     args = ap.parse_args()
     fns = {k: f for k, f in cases().items() if not args.only or k.startswith(tuple(args.only.split(",")))}
@@ -90,6 +117,8 @@ def main() -> None:
             print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             fns[name] = None
     torch.cuda.synchronize()
+    if args.check:
+        check()
     if args.time:
         for name, fn in fns.items():
             if fn is not None:

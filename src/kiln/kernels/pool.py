@@ -1,7 +1,8 @@
 """2-D max pooling of any float, int8 or fp8 (e4m3) tensor in one pass: each program takes a block of output
-pixels × a block of channels and keeps the running maximum over the window's taps: int8 in its own type (taps in
-the padding read as -128), other types in fp32 (exact for each; padding reads as -inf). Reads any strides, writes
-the input's memory format: on channels_last (NHWC) memory each tap is one contiguous channel run per pixel.
+pixels × a block of channels and keeps the running maximum over the window's taps in fp32 (exact for every input
+type). Without dilation a tap in the padding reads the nearest pixel of the same window instead (which leaves the
+maximum as it is and needs no mask); with it, padding reads as -inf. Reads any strides, writes the input's memory
+format: on channels_last (NHWC) memory each tap is one contiguous channel run per pixel.
 
 Max pooling commutes with quantization (rounding and a positive scale are monotonic), so an int8 engine pools
 its int8 activations directly, at a quarter of the fp32 bytes.
@@ -21,34 +22,39 @@ CONFIGS = [{"BLOCK_P": 64, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 128, "BLO
 
 @triton.jit
 def _max_pool_kernel(x, y, N, C, H, W, OH, OW, sh, sw, ph, pw, dh, dw, s_xn, s_xc, s_xh, s_xw, s_yn, s_yc, s_yh, s_yw,
-                     KH: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                     KH: tl.constexpr, KW: tl.constexpr, CLAMP: tl.constexpr, BLOCK_P: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
     rp = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     n, oh, ow = rp // (OH * OW), (rp // OW) % OH, rp % OW
     p_ok, c_ok = rp < N * OH * OW, rc < C
-    ih0, iw0 = oh * sh - ph, ow * sw - pw
-    corner = x + (n.to(tl.int64) * s_xn + ih0 * s_xh + iw0 * s_xw)[:, None] + rc[None, :] * s_xc
-    INT: tl.constexpr = x.dtype.element_ty == tl.int8
-    if INT:  # integers compare exactly as they are; taps in the padding read as the type's minimum
-        acc = tl.full((BLOCK_P, BLOCK_C), -128, tl.int8)
-    else:
-        acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
-    for r in tl.static_range(KH):  # unrolled: every tap's load in flight at once
-        row_ok = p_ok & (ih0 + r * dh >= 0) & (ih0 + r * dh < H)
-        for s in tl.static_range(KW):
-            ok = row_ok & (iw0 + s * dw >= 0) & (iw0 + s * dw < W)
-            mask = ok[:, None] & c_ok[None, :]
-            src = corner + (r * dh * s_xh + s * dw * s_xw)
-            if INT:
-                acc = tl.maximum(acc, tl.load(src, mask=mask, other=-128))
-            else:
-                v = tl.load(src, mask=mask)
-                acc = tl.maximum(acc, tl.where(mask, v.to(tl.float32), float("-inf")))
     inside = p_ok[:, None] & c_ok[None, :]
-    if not INT:
-        acc = tl.where(inside, acc, 0.0)  # lanes outside the output hold -inf, which has no fp8 value
+    ih0, iw0 = oh * sh - ph, ow * sw - pw
+    pixel = x + n.to(tl.int64)[:, None] * s_xn + rc[None, :] * s_xc
+    acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), tl.float32)
+    for r in tl.static_range(KH):  # unrolled: every tap's load in flight at once
+        ih = ih0 + r * dh
+        for s in tl.static_range(KW):
+            iw = iw0 + s * dw
+            if CLAMP:  # a tap in the padding reads the window's nearest pixel inside the map instead
+                src = pixel + (tl.minimum(tl.maximum(ih, 0), H - 1) * s_xh +
+                               tl.minimum(tl.maximum(iw, 0), W - 1) * s_xw)[:, None]
+                acc = tl.maximum(acc, tl.load(src, mask=inside).to(tl.float32))
+            else:
+                ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                mask = ok[:, None] & inside
+                v = tl.load(pixel + (ih * s_xh + iw * s_xw)[:, None], mask=mask)
+                acc = tl.maximum(acc, tl.where(mask, v.to(tl.float32), float("-inf")))
+    acc = tl.where(inside, acc, 0.0)  # lanes outside the output hold -inf, which has no int8 value
     tl.store(y + (n.to(tl.int64) * s_yn + oh * s_yh + ow * s_yw)[:, None] + rc[None, :] * s_yc,
              acc.to(y.dtype.element_ty), mask=inside)
+
+
+def _windows_meet_the_map(kernel, strides, pads, dilations, hw, out_hw) -> bool:
+    """Whether every window is a run of KH x KW pixels that overlaps the map (no dilation, the first window reaching
+    row / column 0, the last starting inside): then a padding tap may read the window's nearest pixel."""
+    return tuple(dilations) == (1, 1) and all(p < k and (o - 1) * s - p <= n - 1 for k, s, p, n, o in zip(
+        kernel, strides, pads, hw, out_hw))
 
 
 def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[int, int], config: dict | None = None,
@@ -62,7 +68,8 @@ def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[
     if y.numel():
         grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_P"]), triton.cdiv(c, cfg["BLOCK_C"]))
         _max_pool_kernel[grid](x, y, n, c, h, w, oh, ow, *strides, *pads, *dilations, *x.stride(), *y.stride(),
-                               KH=kernel[0], KW=kernel[1], BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
+                               KH=kernel[0], KW=kernel[1], CLAMP=_windows_meet_the_map(kernel, strides, pads,
+                                                                                      dilations, (h, w), out_hw), BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
                                num_warps=cfg["num_warps"])
     return y
 
