@@ -54,14 +54,14 @@ def load_operand(ptrs, mask, FP8: tl.constexpr):
 
 
 @triton.jit
-def requant(v, out_inv, FP8: tl.constexpr):
-    """An fp32 epilogue value → its quantized value: for int8 the int32 integer (the store truncates it), for fp8
-    e4m3 the fp32 value exact in e4m3; out_inv = inv_scale(out_scale)."""
+def requant(v, out_inv, FP8: tl.constexpr, LOW: tl.constexpr = -127.0):
+    """An fp32 epilogue value → its quantized value: for int8 the int32 integer (the store truncates it), clamped
+    to [LOW, 127], for fp8 e4m3 the fp32 value exact in e4m3; out_inv = inv_scale(out_scale)."""
     q = v * out_inv
     if FP8:
         q = round_e4m3(q)
     else:
-        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        q = tl.minimum(tl.maximum(q, LOW), 127.0)
         q = (q + ROUND_MAGIC).to(tl.int32, bitcast=True) - MAGIC_BITS  # the rounded integer, read from the bits
     return q
 
@@ -93,9 +93,12 @@ def epilogue(acc, scale, bias, rn, n_ok, r, act_alpha, act_beta, out_inv, HAS_BI
         v += tl.load(bias + rn, mask=n_ok, other=0.0)[None, :]
     if HAS_RES:
         v += r
-    v = activate(v, ACT, act_alpha, act_beta)
-    if REQUANT:
-        v = requant(v, out_inv, FP8)
+    if REQUANT and not FP8 and ACT == "relu":  # relu as the clamp's lower bound: exact, as out_inv > 0
+        v = requant(v, out_inv, FP8, 0.0)
+    else:
+        v = activate(v, ACT, act_alpha, act_beta)
+        if REQUANT:
+            v = requant(v, out_inv, FP8)
     return v
 
 

@@ -225,12 +225,14 @@ if gluon is not None:
 
     @gluon.jit
     def _activate_requant(v, out_inv, ACT: gl.constexpr):
-        """The activation, then int8 at out_inv: clamped to ±127, rounded half to even by the 1.5·2²³ add."""
-        if ACT == "relu":  # as kernels/common.activate
-            v = gl.maximum(v, 0.0)
-        elif ACT == "gelu_erf":
-            v = 0.5 * v * (1.0 + gl.erf(v * 0.7071067811865476))
-        q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
+        """The activation, then int8 at out_inv: clamped to ±127, rounded half to even by the 1.5·2²³ add. ReLU is
+        the clamp's lower bound (relu(v)·out_inv = max(v·out_inv, 0) for out_inv > 0: one instruction fewer)."""
+        if ACT == "relu":
+            q = gl.minimum(gl.maximum(v * out_inv, 0.0), 127.0)
+        else:
+            if ACT == "gelu_erf":
+                v = 0.5 * v * (1.0 + gl.erf(v * 0.7071067811865476))
+            q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
         return ((q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS).to(gl.int8)
 
     @gluon.jit
