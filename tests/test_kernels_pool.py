@@ -95,3 +95,54 @@ def test_padding_taps_read_the_window_s_own_pixels_only_where_every_window_meets
     assert not meet((3, 3), (2, 2), (1, 1), (2, 2), (112, 112), (55, 55))  # dilated: taps skip pixels
     assert not meet((2, 2), (2, 2), (0, 0), (1, 1), (4, 4), (3, 3))  # the last window lies in the end padding
     assert not meet((2, 2), (1, 1), (2, 0), (1, 1), (4, 4), (5, 3))  # the first one in the begin padding
+
+
+_WORDS_AOT = """
+import inspect
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kiln.kernels import pool
+fn = pool._max_pool_words_kernel
+names = list(inspect.signature(fn.fn).parameters)
+consts = {"KH": 3, "KW": 3, "BLOCK_P": 128, "BLOCK_C": 64}
+sig = {"x": "*i8", "y": "*i8"} | {k: "i32" for k in names if k not in ("x", "y", *consts)}
+attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in "x y C4 s_xn s_xh s_xw s_yn s_yh s_yw".split()}
+k = triton.compile(ASTSource(fn=fn, signature=sig | dict.fromkeys(consts, "constexpr"), constexprs=consts,
+                             attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+ptx = k.asm["ptx"]
+print(ptx.count("max.s16x2"), "ld.global.v4.b32" in ptx, "st.global.v4.b32" in ptx)
+"""
+
+
+def test_int8_words_kernel_compiles_to_packed_16_bit_maxima_for_hopper():
+    """AOT for sm90 with the ptxas Triton ships (no GPU; a subprocess, as this session's kernels are interpreted):
+    16-byte loads and stores, one max.s16x2 per two values and tap."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    r = subprocess.run([sys.executable, "-c", _WORDS_AOT], capture_output=True, text=True, env=env, timeout=300)
+    if r.returncode and ("ptxas" in r.stderr and "not found" in r.stderr or "ImportError" in r.stderr):
+        pytest.skip(f"no Triton CUDA toolchain here: {r.stderr.strip().splitlines()[-1][:200]}")
+    words = 128 * 64 // 4 // 256  # per thread
+    assert r.returncode == 0 and r.stdout.split() == [str(2 * 9 * words), "True", "True"], r.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,low", [((3, 64, 23, 18), -128), ((2, 8, 9, 9), -128), ((2, 16, 12, 10), -120)])
+def test_gpu_int8_max_pool_on_words_equals_torch(shape, low):
+    """The packed int8 kernel (NHWC, whole words) on ragged maps, negative values at the edges included."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = torch.Generator().manual_seed(6)
+    x = torch.randint(low, 128, shape, generator=g, dtype=torch.int8)
+    x[:, :, 0, :] = torch.randint(-128, -100, x[:, :, 0, :].shape, generator=g, dtype=torch.int8)  # padding's row
+    x = x.cuda().contiguous(memory_format=torch.channels_last)
+    want = torch.nn.functional.max_pool2d(x.float(), 3, 2, 1).to(torch.int8)
+    assert pool._words(x, torch.empty_like(want, memory_format=torch.channels_last))
+    for cfg in pool.CONFIGS:
+        got = pool.max_pool2d(x, (3, 3), (2, 2), (1, 1), (1, 1), tuple(want.shape[2:]), cfg)
+        assert got.is_contiguous(memory_format=torch.channels_last) and torch.equal(got, want), cfg

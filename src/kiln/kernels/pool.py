@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kiln.kernels.common import INTERPRET
 from kiln.kernels.out_buffer import take
 
 CONFIGS = [{"BLOCK_P": 64, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 128, "BLOCK_C": 64, "num_warps": 8},
@@ -50,6 +51,52 @@ def _max_pool_kernel(x, y, N, C, H, W, OH, OW, sh, sw, ph, pw, dh, dw, s_xn, s_x
              acc.to(y.dtype.element_ty), mask=inside)
 
 
+_LANES_MIN = tl.constexpr(-8323200)  # 0xFF80FF80: two 16-bit lanes of -128
+# four int8 channels of a word into two words of sign-extended 16-bit lanes (channels 0, 2 and 1, 3), each lane's
+# running maximum by max.s16x2 (Hopper's packed 16-bit max): one instruction per two values and tap
+_MAX_LANES = tl.constexpr("""{
+.reg .b32 e, o;
+prmt.b32 e, $4, 0, 0xA280;
+prmt.b32 o, $4, 0, 0xB391;
+max.s16x2 $0, $2, e;
+max.s16x2 $1, $3, o;
+}""")
+
+
+@triton.jit
+def _max_pool_words_kernel(x, y, N, C4, H, W, OH, OW, sh, sw, ph, pw, s_xn, s_xh, s_xw, s_yn, s_yh, s_yw,
+                           KH: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """int8 NHWC MaxPool (no dilation, every window meeting the map) on words of four channels: strides in int32
+    words; lanes as _MAX_LANES, packed back to bytes at the end."""
+    rp = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    rc = tl.program_id(1) * (BLOCK_C // 4) + tl.arange(0, BLOCK_C // 4)
+    n, oh, ow = rp // (OH * OW), (rp // OW) % OH, rp % OW
+    inside = (rp < N * OH * OW)[:, None] & (rc < C4)[None, :]
+    ih0, iw0 = oh * sh - ph, ow * sw - pw
+    pixel = x.to(tl.pointer_type(tl.int32)) + n.to(tl.int64)[:, None] * s_xn + rc[None, :]
+    lo = tl.full((BLOCK_P, BLOCK_C // 4), _LANES_MIN, tl.int32)
+    hi = tl.full((BLOCK_P, BLOCK_C // 4), _LANES_MIN, tl.int32)
+    for r in tl.static_range(KH):
+        for s in tl.static_range(KW):
+            src = pixel + (tl.minimum(tl.maximum(ih0 + r, 0), H - 1) * s_xh +
+                           tl.minimum(tl.maximum(iw0 + s, 0), W - 1) * s_xw)[:, None]
+            word = tl.load(src, mask=inside, other=0)
+            lo, hi = tl.inline_asm_elementwise(_MAX_LANES, "=r,=r,r,r,r", [lo, hi, word],
+                                               dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    out = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6240;", "=r,r,r", [lo, hi], dtype=tl.int32,
+                                    is_pure=True, pack=1)
+    tl.store(y.to(tl.pointer_type(tl.int32)) + (n.to(tl.int64) * s_yn + oh * s_yh + ow * s_yw)[:, None] + rc[None, :],
+             out, mask=inside)
+
+
+def _words(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether x and y are int8 NHWC memory of whole, aligned four-channel words (the packed kernel's input)."""
+    return (not INTERPRET and x.is_cuda and x.dtype == torch.int8 and x.shape[1] % 4 == 0 and
+            all(t.stride(1) == 1 and t.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in (t.stride(0), t.stride(2),
+                                                                                          t.stride(3)))
+                for t in (x, y)))
+
+
 def _windows_meet_the_map(kernel, strides, pads, dilations, hw, out_hw) -> bool:
     """Whether every window is a run of KH x KW pixels that overlaps the map (no dilation, the first window reaching
     row / column 0, the last starting inside): then a padding tap may read the window's nearest pixel."""
@@ -65,12 +112,19 @@ def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[
     (n, c, h, w), (oh, ow) = x.shape, out_hw
     fmt = torch.channels_last if x.stride(1) == 1 and c > 1 else torch.contiguous_format
     y = take(out, (n, c, oh, ow), x.dtype, x.device, fmt)
-    if y.numel():
-        grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_P"]), triton.cdiv(c, cfg["BLOCK_C"]))
-        _max_pool_kernel[grid](x, y, n, c, h, w, oh, ow, *strides, *pads, *dilations, *x.stride(), *y.stride(),
-                               KH=kernel[0], KW=kernel[1], CLAMP=_windows_meet_the_map(kernel, strides, pads,
-                                                                                      dilations, (h, w), out_hw), BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
-                               num_warps=cfg["num_warps"])
+    if not y.numel():
+        return y
+    grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_P"]), triton.cdiv(c, cfg["BLOCK_C"]))
+    clamp = _windows_meet_the_map(kernel, strides, pads, dilations, (h, w), out_hw)
+    if clamp and _words(x, y):
+        words = [st // 4 for t in (x, y) for st in (t.stride(0), t.stride(2), t.stride(3))]
+        _max_pool_words_kernel[grid](x, y, n, c // 4, h, w, oh, ow, *strides,
+                                     *pads, *words, KH=kernel[0], KW=kernel[1], BLOCK_P=cfg["BLOCK_P"],
+                                     BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"])
+        return y
+    _max_pool_kernel[grid](x, y, n, c, h, w, oh, ow, *strides, *pads, *dilations, *x.stride(), *y.stride(),
+                           KH=kernel[0], KW=kernel[1], CLAMP=clamp, BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
+                           num_warps=cfg["num_warps"])
     return y
 
 
