@@ -198,8 +198,11 @@ def test_stream_configs_keep_the_reduction_whole_in_shared_memory():
     for n, k, res in [(256, 64, True), (1024, 256, True), (2048, 512, False), (64, 256, False)]:
         cfgs = int8_gemm_wgmma.stream_configs(n, k, 227 * 1024, res)
         assert cfgs and all(k % c["BLOCK_K"] == 0 and c["BLOCK_K"] <= 128 for c in cfgs), (n, k)
+        assert {c["STAGES"] for c in cfgs} == {2, 4}, (n, k)
         for c in cfgs:
-            need = 2 * c["BLOCK_M"] * k + c["BLOCK_N"] * k + (2 + 2 * res) * c["BLOCK_M"] * c["BLOCK_N"]
+            need = c["STAGES"] * c["BLOCK_M"] * k + c["BLOCK_N"] * k + \
+                (2 + c["STAGES"] * res) * c["BLOCK_M"] * c["BLOCK_N"]
+            assert need == int8_gemm_wgmma.stream_smem(c["BLOCK_M"], c["BLOCK_N"], k, c["STAGES"], res)
             assert c["stream"] * need <= 227 * 1024
     assert not int8_gemm_wgmma.stream_configs(256, 1024, 227 * 1024, True)  # too long: the pipelined kernel's
     assert not int8_gemm_wgmma.stream_configs(256, 80, 227 * 1024, True)  # not whole 32-wide wgmma steps
@@ -218,12 +221,13 @@ def test_wgmma_tactic_tries_the_streaming_kernel_first_for_short_reductions():
 def test_wgmma_stream_kernel_compiles_for_hopper_overlapping_loads_and_stores(res):
     """AOT for sm90: TMA loads and stores around the wgmmas, the weight block loaded once, no fused multiply-add."""
     for n, k in [(256, 64), (1024, 256)]:
-        for cfg in int8_gemm_wgmma.stream_configs(n, k, 227 * 1024, res)[:2]:
+        cfgs = int8_gemm_wgmma.stream_configs(n, k, 227 * 1024, res)
+        for cfg in cfgs[:1] + [c for c in cfgs if c["STAGES"] == 4][:1]:
             bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
             sig = {"a_desc": _desc_sig([bm, bk]), "w_desc": _desc_sig([bn, bk]), "c_desc": _desc_sig([bm, bn]),
                    "r_desc": _desc_sig([bm, bn]), "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32",
                    "out_inv": "fp32", "res_scale": "fp32"}
-            consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "relu", "KT": k // bk}
+            consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "relu", "KT": k // bk, "STAGES": cfg["STAGES"]}
             ptx = _compile_sm90(int8_gemm_wgmma._wgmma_stream_kernel, sig, consts, cfg["num_warps"]).asm["ptx"]
             assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared" in ptx, cfg
             assert "fma.rn.f32" not in ptx, cfg

@@ -133,10 +133,12 @@ if gluon is not None:
 
     @gluon.jit
     def _wgmma_stream_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, out_inv, res_scale,
-                             HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr, KT: gl.constexpr):
+                             HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr, KT: gl.constexpr,
+                             STAGES: gl.constexpr):
         """Persistent GEMM for short reductions (ResNet's 1x1 convs): a program keeps its [BLOCK_N, K] weight block in
-        shared memory and walks m-tiles, loading tile i+1's rows (and int8 residual) by TMA while tile i is multiplied,
-        requantized and stored, so that the memory traffic of the epilogue and of the loads overlap."""
+        shared memory and walks m-tiles, their rows (and int8 residual tiles) arriving by TMA through a ring of
+        STAGES slots, STAGES - 1 tiles ahead of the one multiplied, requantized and stored, so that the memory
+        traffic of the epilogue and of the loads overlap."""
         BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -147,18 +149,19 @@ if gluon is not None:
         count = gl.cdiv(gl.cdiv(M, BLOCK_M) - first, step)
 
         w_s = gl.allocate_shared_memory(w_desc.dtype, [KT, BLOCK_N, BLOCK_K], w_desc.layout)
-        a_s = gl.allocate_shared_memory(a_desc.dtype, [2 * KT, BLOCK_M, BLOCK_K], a_desc.layout)
-        r_s = gl.allocate_shared_memory(r_desc.dtype, [2 if HAS_RES else 1, BLOCK_M, BLOCK_N], r_desc.layout)
+        a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES * KT, BLOCK_M, BLOCK_K], a_desc.layout)
+        r_s = gl.allocate_shared_memory(r_desc.dtype, [STAGES if HAS_RES else 1, BLOCK_M, BLOCK_N], r_desc.layout)
         c_s = gl.allocate_shared_memory(c_desc.dtype, [2, BLOCK_M, BLOCK_N], c_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())  # weights, stage 0, stage 1
-        for i in gl.static_range(3):
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())  # slots, weights
+        for i in gl.static_range(STAGES + 1):
             mbarrier.init(bars.index(i), count=1)
-        mbarrier.expect(bars.index(0), KT * BLOCK_N * BLOCK_K)
+        mbarrier.expect(bars.index(STAGES), KT * BLOCK_N * BLOCK_K)
         for kk in gl.static_range(KT):
-            _tma_load(w_desc, [off_n, kk * BLOCK_K], bars.index(0), w_s.index(kk))
+            _tma_load(w_desc, [off_n, kk * BLOCK_K], bars.index(STAGES), w_s.index(kk))
         nbytes: gl.constexpr = KT * BLOCK_M * BLOCK_K + (BLOCK_M * BLOCK_N if HAS_RES else 0)
-        _stream_issue(a_desc, r_desc, first * BLOCK_M, off_n, bars.index(1), a_s, r_s, 0, nbytes, KT, HAS_RES,
-                      count > 0)
+        for j in gl.static_range(STAGES - 1):
+            _stream_issue(a_desc, r_desc, (first + j * step) * BLOCK_M, off_n, bars.index(j), a_s, r_s, j, nbytes,
+                          KT, HAS_RES, j < count)
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BLOCK_N, 32])
@@ -166,13 +169,14 @@ if gluon is not None:
         n_ok = rn < N
         col_scale = gl.expand_dims(gl.load(scale + rn, mask=n_ok, other=0.0), 0)
         col_bias = gl.expand_dims(gl.load(bias + rn, mask=n_ok, other=0.0), 0)
-        mbarrier.wait(bars.index(0), 0)
+        mbarrier.wait(bars.index(STAGES), 0)
         for i in range(count):
-            s = i % 2
-            _sync_warps()  # every warp is past tile i-1, whose stage the prefetch below refills
-            _stream_issue(a_desc, r_desc, (first + (i + 1) * step) * BLOCK_M, off_n, bars.index(2 - s), a_s, r_s,
-                          1 - s, nbytes, KT, HAS_RES, i + 1 < count)
-            mbarrier.wait(bars.index(1 + s), (i // 2) & 1)
+            s = i % STAGES
+            nxt = i + STAGES - 1  # into the slot of tile i - 1, which every warp is past
+            _sync_warps()
+            _stream_issue(a_desc, r_desc, (first + nxt * step) * BLOCK_M, off_n, bars.index(nxt % STAGES), a_s,
+                          r_s, nxt % STAGES, nbytes, KT, HAS_RES, nxt < count)
+            mbarrier.wait(bars.index(s), (i // STAGES) & 1)
             acc = gl.zeros((BLOCK_M, BLOCK_N), gl.int32, layout=mma)
             for kk in gl.static_range(KT):
                 acc = warpgroup_mma(a_s.index(s * KT + kk), w_s.index(kk).permute((1, 0)), acc, is_async=True)
@@ -183,9 +187,9 @@ if gluon is not None:
             if HAS_RES:
                 v += r_s.index(s).load(mma).to(gl.float32) * res_scale
             q = _activate_requant(v, out_inv, ACT)
-            store_tile(q, c_s.index(s), c_s.index(s), c_desc, [(first + i * step) * BLOCK_M, off_n])
+            store_tile(q, c_s.index(i % 2), c_s.index(i % 2), c_desc, [(first + i * step) * BLOCK_M, off_n])
         tma.store_wait(0)
-        for i in gl.static_range(3):
+        for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))
 
     @gluon.jit
@@ -305,18 +309,25 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
 
 def stream_configs(n: int, k: int, smem: int, residual: bool) -> list[dict]:
     """The streaming kernel's tiles for a reduction of at most STREAM_K (whole 32-wide steps, whole 128-wide boxes past
-    128): its weight block, two
-    stages of rows (and residual tiles) and two output tiles fitting `smem`; none for longer reductions."""
+    128): its weight block, STAGES slots of rows (and residual tiles) and two output tiles fitting `smem`, two slots
+    (more programs to an SM) and four (more bytes in flight per program); none for longer reductions."""
     bk = min(k, 128)  # one TMA box is at most 128 bytes wide (its swizzle); one wgmma takes 32 of K
     if k > STREAM_K or k % 32 or k % bk:
         return []
     out = []
-    for bm, bn, warps in _STREAM:
-        need = 2 * bm * k + bn * k + (2 + 2 * residual) * bm * bn
-        if need <= smem and bn <= max(64, n):
-            per_sm = 2 if 2 * (need + 1024) <= smem else 1  # two programs to an SM where both fit
-            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "stream": per_sm})
+    for stages in (2, 4):
+        for bm, bn, warps in _STREAM:
+            need = stream_smem(bm, bn, k, stages, residual)
+            if need <= smem and bn <= max(64, n):
+                per_sm = 2 if 2 * (need + 1024) <= smem else 1  # two programs to an SM where both fit
+                out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": warps,
+                            "stream": per_sm})
     return out
+
+
+def stream_smem(bm: int, bn: int, k: int, stages: int, residual: bool) -> int:
+    """The streaming kernel's shared memory: weight block, `stages` row slots (and residual tiles), two output tiles."""
+    return stages * bm * k + bn * k + (2 + stages * residual) * bm * bn
 
 
 def _desc(t: torch.Tensor, block: list[int]):
@@ -351,7 +362,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
             _desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), _desc(r, [bm, bn]), scale,
             bias if bias is not None else scale, m, n, inv_scale(out_scale), float(res_scale or 1.0),
             HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KT=k // bk,
-            num_warps=config["num_warps"], enable_fp_fusion=False)
+            STAGES=config.get("STAGES", 2), num_warps=config["num_warps"], enable_fp_fusion=False)
         return c
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _wgmma_gemm_kernel[grid](_desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), r, r.stride(0), scale,
