@@ -73,7 +73,7 @@ if wg.gluon is not None:
     def _halo_conv_kernel(x_desc, t_desc, w_desc, y_desc, r_desc, scale, bias, CO, ph, pw, out_inv, res_scale,
                           tiles_w, tiles_hw, tiles, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
                           ACT: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, CB: gl.constexpr,
-                          STAGES: gl.constexpr, NARROW: gl.constexpr = False):
+                          STAGES: gl.constexpr):
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
@@ -134,12 +134,12 @@ if wg.gluon is not None:
                 _halo_issue(x_desc, t_desc, nu, CB, first, step, tiles_w, tiles_hw, ph, pw,
                             bars.index(nu % STAGES), a_s, nu % STAGES, nbytes, nu < units, KW)
             acc = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            v = wg.to_f32(acc, KH * KW * CB * BK, NARROW) * col_scale
+            v = acc.to(gl.float32) * col_scale
             if HAS_BIAS:
                 v += col_bias
             if HAS_RES:
                 mbarrier.wait(bars.index(STAGES + 1), i & 1)
-                v += wg.to_f32(r_s.index(0).reshape([BM, BN]).load(mma), 1) * res_scale
+                v += r_s.index(0).reshape([BM, BN]).load(mma).to(gl.float32) * res_scale
             q = wg._activate_requant(v, out_inv, ACT)
             buf = c_s.index(i % 2)
             wg.store_tile(q, buf.reshape([BM, BN]), buf, y_desc, [n, oh0, ow0, off_n])
@@ -192,11 +192,11 @@ def _desc(t: torch.Tensor, block: list[int]):
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], pads,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, out_scale: float,
            res_scale: float | None = None, activation: str = "none", config: dict,
-           out: torch.Tensor | None = None, narrow: bool = False) -> torch.Tensor:
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """The stride-1, dilation-1 KHxKW int8 conv (KH ≥ 2) of x [N, C, H, W] (NHWC memory TMA can address, C a
     multiple of BLOCK_K) with `w_packed` (kernels/int8_conv.pack_weight), pads [top, left, bottom, right],
-    requantized to int8 at out_scale; kernels/int8_conv.conv2d's bits (`narrow`: no -128 in the weight).
-    NCHW-shaped, channels_last. ValueError for what it does not take."""
+    requantized to int8 at out_scale; kernels/int8_conv.conv2d's bits. NCHW-shaped, channels_last. ValueError for
+    what it does not take."""
     if not available():
         raise ValueError(UNAVAILABLE)
     if activation not in wg.ACTIVATIONS or x.dtype != torch.int8 or w_packed.dtype != torch.int8:
@@ -227,5 +227,5 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
         _desc(y4, [1, bh, bw, bn]), _desc(r4, [1, bh, bw, bn]), scale, bias if bias is not None else scale, co,
         pads[0], pads[1], inv_scale(out_scale), float(res_scale or 1.0), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KH=kh, KW=kw, CB=c // bk,
-        STAGES=config["STAGES"], NARROW=narrow, num_warps=config["num_warps"], enable_fp_fusion=False)
+        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
     return y

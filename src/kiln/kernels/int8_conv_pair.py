@@ -78,7 +78,7 @@ if wg.gluon is not None:
     @gluon.jit
     def _pair_kernel(x_desc, w_desc, x2_desc, w2_desc, y_desc, scale, bias, scale2, bias2, CO, out_inv, tiles_w,
                      tiles_hw, tiles, HAS_BIAS: gl.constexpr, HAS_BIAS2: gl.constexpr, ACT: gl.constexpr,
-                     KT1: gl.constexpr, KT2: gl.constexpr, STAGES: gl.constexpr, NARROW: gl.constexpr = False):
+                     KT1: gl.constexpr, KT2: gl.constexpr, STAGES: gl.constexpr):
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
@@ -116,12 +116,12 @@ if wg.gluon is not None:
             t = first + i * step
             acc = _pair_units(x_desc, x2_desc, a_s, w_s, bars, gl.zeros((BM, BN), gl.int32, layout=mma), i, 0, KT1,
                               KT1, KT, STAGES, first, step, tiles_w, tiles_hw, units)
-            v = wg.to_f32(acc, KT1 * BK, NARROW) * _col(scale, rn, n_ok)
+            v = acc.to(gl.float32) * _col(scale, rn, n_ok)
             if HAS_BIAS:
                 v += _col(bias, rn, n_ok)
             acc = _pair_units(x_desc, x2_desc, a_s, w_s, bars, gl.zeros((BM, BN), gl.int32, layout=mma), i, KT1,
                               KT2, KT1, KT, STAGES, first, step, tiles_w, tiles_hw, units)
-            v2 = wg.to_f32(acc, KT2 * BK, NARROW) * _col(scale2, rn, n_ok)
+            v2 = acc.to(gl.float32) * _col(scale2, rn, n_ok)
             if HAS_BIAS2:
                 v2 += _col(bias2, rn, n_ok)
             q = wg._activate_requant(v + v2, out_inv, ACT)
@@ -169,12 +169,10 @@ def _desc(t: torch.Tensor, block: list[int]):
 
 def conv_pair(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, x2: torch.Tensor,
               w2: torch.Tensor, scale2: torch.Tensor, bias2: torch.Tensor | None, *, out_scale: float,
-              activation: str = "none", config: dict, out: torch.Tensor | None = None,
-              narrow: bool = False) -> torch.Tensor:
+              activation: str = "none", config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """act((x ⊛ w)·scale + bias + (x2 ⊛ w2)·scale2 + bias2) requantized to int8 at out_scale: x [N, C, OH, OW] and
     x2 [N, C2, OH, OW] int8 NHWC memory TMA can address (strided views too), w [CO, C] and w2 [CO, C2] int8 (K
-    contiguous; `narrow`: neither holds -128), channels multiples of 16. NCHW-shaped, channels_last. ValueError
-    for what it does not take."""
+    contiguous), channels multiples of 16. NCHW-shaped, channels_last. ValueError for what it does not take."""
     if not available():
         raise ValueError("this triton has no Gluon")
     if activation not in wg.ACTIVATIONS or {t.dtype for t in (x, w, x2, w2)} != {torch.int8}:
@@ -201,5 +199,5 @@ def conv_pair(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
         _desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale, bias if bias is not None else scale, scale2,
         bias2 if bias2 is not None else scale2, co, inv_scale(out_scale), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_BIAS2=bias2 is not None, ACT=activation, KT1=c // bk, KT2=x2.shape[1] // bk,
-        STAGES=config["STAGES"], NARROW=narrow, num_warps=config["num_warps"], enable_fp_fusion=False)
+        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
     return y

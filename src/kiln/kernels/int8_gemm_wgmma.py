@@ -134,7 +134,7 @@ if gluon is not None:
     @gluon.jit
     def _wgmma_stream_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, out_inv, res_scale,
                              HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr, KT: gl.constexpr,
-                             STAGES: gl.constexpr, NARROW: gl.constexpr = False):
+                             STAGES: gl.constexpr):
         """Persistent GEMM for short reductions (ResNet's 1x1 convs): a program keeps its [BLOCK_N, K] weight block in
         shared memory and walks m-tiles, their rows (and int8 residual tiles) arriving by TMA through a ring of
         STAGES slots, STAGES - 1 tiles ahead of the one multiplied, requantized and stored, so that the memory
@@ -181,11 +181,11 @@ if gluon is not None:
             for kk in gl.static_range(KT):
                 acc = warpgroup_mma(a_s.index(s * KT + kk), w_s.index(kk).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            v = to_f32(acc, KT * BLOCK_K, NARROW) * col_scale
+            v = acc.to(gl.float32) * col_scale
             if HAS_BIAS:
                 v += col_bias
             if HAS_RES:
-                v += to_f32(r_s.index(s).load(mma), 1) * res_scale
+                v += r_s.index(s).load(mma).to(gl.float32) * res_scale
             q = _activate_requant(v, out_inv, ACT)
             store_tile(q, c_s.index(i % 2), c_s.index(i % 2), c_desc, [(first + i * step) * BLOCK_M, off_n])
         tma.store_wait(0)
@@ -226,17 +226,6 @@ if gluon is not None:
             r = gl.load(res + gl.expand_dims(res_off, 1) + gl.expand_dims(rn, 0), mask=mask, other=0)
             v += r.to(gl.float32) * res_scale
         return _activate_requant(v, out_inv, ACT)
-
-    @gluon.jit
-    def to_f32(acc, K: gl.constexpr, NARROW: gl.constexpr = False):
-        """The int32 sum of a K-long int8 reduction (or an int8 tile, K = 1) as fp32, exactly: where its bound
-        128·K·(127 for NARROW weights, without -128, else 128) is under 2²², as 1.5·2²³ + acc less 1.5·2²³ (an
-        integer and an fp32 add at full rate); longer ones by conversion (the quarter-rate unit)."""
-        if 128 * K * (127 if NARROW else 128) < 4194304:
-            v = (acc.to(gl.int32) + MAGIC_BITS).to(gl.float32, bitcast=True) - ROUND_MAGIC
-        else:
-            v = acc.to(gl.float32)
-        return v
 
     @gluon.jit
     def _activate_requant(v, out_inv, ACT: gl.constexpr):
@@ -347,11 +336,9 @@ def _desc(t: torch.Tensor, block: list[int]):
 
 def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, *, out_scale: float, res_scale: float | None = None,
-           activation: str = "none", config: dict, out: torch.Tensor | None = None,
-           narrow: bool = False) -> torch.Tensor:
+           activation: str = "none", config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """int8 a [M, K] @ w [N, K]ᵀ (K contiguous, 16-byte rows) requantized to int8 at out_scale; `residual` is int8
-    [M, N] read with res_scale; `narrow`: w holds no -128 (to_f32). ValueError for what it does not take (the
-    tactic checks first)."""
+    [M, N] read with res_scale. ValueError for what it does not take (the tactic checks first)."""
     if not available():
         raise ValueError("this triton has no Gluon")
     if activation not in ACTIVATIONS or a.dtype != torch.int8 or w.dtype != torch.int8:
@@ -375,7 +362,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
             _desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), _desc(r, [bm, bn]), scale,
             bias if bias is not None else scale, m, n, inv_scale(out_scale), float(res_scale or 1.0),
             HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KT=k // bk,
-            STAGES=config.get("STAGES", 2), NARROW=narrow, num_warps=config["num_warps"], enable_fp_fusion=False)
+            STAGES=config.get("STAGES", 2), num_warps=config["num_warps"], enable_fp_fusion=False)
         return c
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _wgmma_gemm_kernel[grid](_desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), r, r.stride(0), scale,

@@ -104,12 +104,6 @@ def fp8_device_reason(device) -> str | None:
     return None
 
 
-def narrow(spec: LayerSpec, *weights: int) -> bool:
-    """Whether the constant int8 weights (inputs `weights`, default 1) hold no -128: each product is then at most
-    128·127, which lets short reductions convert to fp32 by the 1.5·2²³ add (kernels/int8_gemm_wgmma.to_f32)."""
-    return all(bool((spec.inputs[k].const > -128).all()) for k in weights or (1,))
-
-
 def combined_scale(x_scale: float, w_scale: torch.Tensor) -> torch.Tensor:
     """x_scale · w_scale[n]: one fp32 product, as the reference rounds it."""
     ws = w_scale.float()

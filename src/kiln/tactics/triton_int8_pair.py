@@ -95,7 +95,7 @@ def _compile_wgmma(spec: LayerSpec, config, device):
     w, w2 = (spec.inputs[k].const.reshape(spec.inputs[k].const.shape[:2]).contiguous() for k in (W, W2))
     scale, bias, scale2, bias2 = _epilogue_constants(spec)
     (sh, sw), (sh2, sw2) = a["strides"], a["strides2"]
-    kw = dict(out_scale=a["out_scale"], activation=_epilogue(a)[0], narrow=int8_lowering.narrow(spec, W, W2),
+    kw = dict(out_scale=a["out_scale"], activation=_epilogue(a)[0],
               config={k: config[k] for k in int8_conv_pair.CONFIG_KEYS})
 
     def run(inputs, out=None):  # a strided 1x1 conv reads its input's subsample

@@ -117,7 +117,7 @@ def _compile_halo(spec: LayerSpec, config, device):
     has_residual = int8_lowering.has_residual(spec)
     kernel, _ = _halo_geometry(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              narrow=int8_lowering.narrow(spec), config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
+              config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
 
     def run(inputs, out=None):
         return [int8_conv_halo.conv2d(rows(inputs[0]), packed, form.scale, kernel, [0, 0, 0, 0], form.bias,

@@ -68,7 +68,7 @@ def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
     has_residual = int8_lowering.has_residual(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              narrow=int8_lowering.narrow(spec), config={k: v for k, v in config.items() if k != "layout"})
+              config={k: v for k, v in config.items() if k != "layout"})
 
     def run(inputs, out=None):
         x = inputs[0]
@@ -147,7 +147,7 @@ def _compile_halo(spec: LayerSpec, config, device):
     kernel = tuple(spec.inputs[1].const.shape[2:])
     has_residual = int8_lowering.has_residual(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              narrow=int8_lowering.narrow(spec), config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
+              config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
 
     def run(inputs, out=None):
         return [int8_conv_halo.conv2d(inputs[0], w, form.scale, kernel, pads, form.bias,
