@@ -59,6 +59,21 @@ def cases() -> dict:
                "num_warps": tile[3], "stream": 2 if tile[2] == 128 else 3}
         out[f"l2_pair_{tile[0]}x{tile[1]}x{tile[2]}"] = lambda cfg=cfg: pair.conv_pair(
             x, wa, sc(512), b(512), x2, wb, sc(512), b(512), config=cfg, **kw)
+    # the pairs' channel blocks: 64-byte against 128-byte box rows (layers 2 and 3)
+    x3p, x3s = _i8(g, 64, 256, 14, 14), _i8(g, 64, 512, 28, 28)[:, :, ::2, ::2]
+    w3a, w3b = _i8(g, 1024, 256), _i8(g, 1024, 512)
+    s1024, b1024 = torch.rand(1024, device="cuda", generator=g) * 1e-4, torch.randn(1024, device="cuda", generator=g)
+    for bk in (64, 128):
+        for tile in [(4, 32, 128, 8), (4, 32, 64, 4), (8, 8, 128, 4)]:
+            cfg = {"BH": tile[0], "BW": tile[1], "BLOCK_N": tile[2], "BLOCK_K": bk, "STAGES": 4,
+                   "num_warps": tile[3], "stream": 1}
+            out[f"pairbk_l2_{bk}_{tile}"] = lambda cfg=cfg: pair.conv_pair(
+                x, wa, sc(512), b(512), x2, wb, sc(512), b(512), config=cfg, **kw)
+        for tile in [(16, 16, 64, 8), (8, 16, 64, 4), (8, 16, 128, 8)]:
+            cfg = {"BH": tile[0], "BW": tile[1], "BLOCK_N": tile[2], "BLOCK_K": bk, "STAGES": 4 if bk == 64 else 3,
+                   "num_warps": tile[3], "stream": 1}
+            out[f"pairbk_l3_{bk}_{tile}"] = lambda cfg=cfg: pair.conv_pair(
+                x3p, w3a, s1024, b1024, x3s, w3b, s1024, b1024, config=cfg, **kw)
     # layer 3 3x3 256 at 14x14: halo (resident weights) and the pointer conv
     x3, w3 = _i8(g, 64, 256, 14, 14), int8_conv.pack_weight(_i8(g, 256, 256, 3, 3))
     out["l3_halo"] = lambda: halo.conv2d(x3, w3, sc(256), (3, 3), [1] * 4, b(256), config={
