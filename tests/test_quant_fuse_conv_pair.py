@@ -136,7 +136,9 @@ def test_pair_kernel_compiles_for_hopper_with_one_wgmma_in_flight():
     cfgs = int8_conv_pair.configs(56, 56, 256, 64, 64, 227 * 1024)
     assert cfgs and all(c["BH"] * c["BW"] * c["BLOCK_N"] <= 64 * 32 * c["num_warps"] for c in cfgs)
     assert all(int8_conv_pair.smem_bytes(c, 64, 64) * c["stream"] <= 227 * 1024 for c in cfgs)
-    for cfg in cfgs:
+    wide = int8_conv_pair.configs(28, 28, 512, 128, 256, 227 * 1024)  # layer 2: 128-byte box rows where they fit
+    assert wide[0]["BLOCK_K"] == 128 and all(int8_conv_pair.smem_bytes(c, 128, 256) <= 227 * 1024 for c in wide)
+    for cfg in cfgs + wide[:1]:
         bh, bw, bn, bk = cfg["BH"], cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         sig = {"x_desc": _desc_sig([1, bh, bw, bk]), "w_desc": _desc_sig([bn, bk]), "x2_desc": _desc_sig([1, bh, bw, bk]),
                "w2_desc": _desc_sig([bn, bk]), "y_desc": _desc_sig([1, bh, bw, bn]), "scale": "*fp32", "bias": "*fp32",

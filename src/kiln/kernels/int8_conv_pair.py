@@ -133,9 +133,9 @@ if wg.gluon is not None:
             mbarrier.invalidate(bars.index(i))
 
 
-def _block_k(c: int, c2: int) -> int:
-    """The channel block both inputs divide into: 64, 32 or 16."""
-    return next(bk for bk in (64, 32, 16) if c % bk == 0 and c2 % bk == 0)
+def _block_ks(c: int, c2: int) -> list[int]:
+    """The channel blocks both inputs divide into, widest first: 128, 64, 32 or 16."""
+    return [bk for bk in (128, 64, 32, 16) if c % bk == 0 and c2 % bk == 0]
 
 
 def smem_bytes(cfg: dict, c: int, c2: int) -> int:
@@ -146,19 +146,23 @@ def smem_bytes(cfg: dict, c: int, c2: int) -> int:
 
 def configs(oh: int | None, ow: int | None, co: int, c: int, c2: int, smem: int) -> list[dict]:
     """Tiles whose weight blocks, slots and output tiles fit `smem` (as many programs to a multiprocessor as fit, up
-    to four) and that do not dwarf the map or the channels; none unless the channels are multiples of 16. Four
-    slots first: the autotuner times the first eight (eight slots were slower on ResNet-50's layer-1 pair)."""
+    to four) and that do not dwarf the map or the channels, each with the widest channel block that fits (128-byte
+    box rows: 64-byte ones, every other 64 bytes of a pixel, ran the layer-2 pair 30 % slower); four slots first,
+    as the autotuner times the first eight; none unless the channels are multiples of 16."""
     if c % 16 or c2 % 16 or co % 16:
         return []
     out = []
     for stages in (4, 3):
         for bh, bw, bn, warps in _SPACE:
-            cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": _block_k(c, c2), "STAGES": stages, "num_warps": warps}
-            need = smem_bytes(cfg, c, c2)
-            fits = bn <= max(64, co) and bw <= max(8, triton.next_power_of_2(ow or 8)) and bh <= max(
-                8, triton.next_power_of_2(oh or 8))
-            if need <= smem and fits:
-                out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
+            if bn > max(64, co) or bw > max(8, triton.next_power_of_2(ow or 8)) or bh > max(
+                    8, triton.next_power_of_2(oh or 8)):
+                continue
+            for bk in _block_ks(c, c2):
+                cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": warps}
+                need = smem_bytes(cfg, c, c2)
+                if need <= smem:
+                    out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
+                    break
     return out
 
 
