@@ -130,3 +130,15 @@ def test_gpu_s2d_halo_stem_is_bit_exact():
     assert t.supports(spec, gpu) is None
     for cfg in t.configs(spec, gpu, 3):
         assert torch.equal(t.compile(spec, cfg, gpu)(args)[0], want), cfg
+
+
+def test_halo_configs_take_the_widest_channel_block_that_fits():
+    """128-byte box rows where the channels divide and shared memory holds them, 64-byte ones otherwise."""
+    for c, hw in [(128, 28), (256, 14)]:
+        cfgs = halo.configs((3, 3), hw, hw, c, c, SMEM, False)
+        assert any(cfg["BLOCK_K"] == 128 for cfg in cfgs) and any(cfg["BLOCK_K"] == 64 for cfg in cfgs), c
+        for cfg in cfgs:
+            assert halo.smem_bytes(cfg, (3, 3), c, False) <= SMEM
+            if cfg["BLOCK_K"] == 64:  # only where the 128-wide block does not fit
+                assert halo.smem_bytes(cfg | {"BLOCK_K": 128}, (3, 3), c, False) > SMEM, cfg
+    assert {cfg["BLOCK_K"] for cfg in halo.configs((3, 3), 56, 56, 64, 64, SMEM, False)} == {64}

@@ -166,21 +166,25 @@ def smem_bytes(cfg: dict, kernel: tuple[int, int], c: int, residual: bool) -> in
 
 def configs(kernel: tuple[int, int], oh: int | None, ow: int | None, co: int, c: int, smem: int,
             residual: bool) -> list[dict]:
-    """Tiles with two or three stages whose weight block, halo boxes and output tiles fit `smem` (as many programs to
-    a multiprocessor as fit, up to four) and that do not dwarf the map or the channels; none when C or CO is not a
-    multiple of 16 or the kernel has one row (a GEMM: no halo to share)."""
+    """Tiles with three or two stages whose weight block, halo boxes and output tiles fit `smem` (as many programs to
+    a multiprocessor as fit, up to four) and that do not dwarf the map or the channels, each with the widest channel
+    block that fits (128-byte box rows beat 64-byte ones at every 128- and 256-channel tile probed, even at one
+    stage fewer); none when C or CO is not a multiple of 16 or the kernel has one row (a GEMM: no halo to share)."""
     if c % 16 or co % 16 or kernel[0] < 2:
         return []
-    bk = 64 if c % 64 == 0 else c if c < 64 else 16
+    bks = [bk for bk in (128, 64) if c % bk == 0] or [c if c < 64 else 16]
     out = []
     for stages in (3, 2):
         for bh, bw, bn in _SPACE:
-            cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": 4}
-            need = smem_bytes(cfg, kernel, c, residual)
-            fits = bn <= max(64, co) and bw <= max(8, triton.next_power_of_2(ow or 8)) and bh <= max(
-                4, triton.next_power_of_2(oh or 4))
-            if need <= smem and fits:  # up to four programs to a multiprocessor (1 KiB each reserved)
-                out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
+            if bn > max(64, co) or bw > max(8, triton.next_power_of_2(ow or 8)) or bh > max(
+                    4, triton.next_power_of_2(oh or 4)):
+                continue
+            for bk in bks:
+                cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": 4}
+                need = smem_bytes(cfg, kernel, c, residual)
+                if need <= smem:  # up to four programs to a multiprocessor (1 KiB each reserved)
+                    out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
+                    break
     return out
 
 

@@ -18,7 +18,8 @@ from kiln.kernels.common import INTERPRET
 from kiln.kernels.out_buffer import take
 
 CONFIGS = [{"BLOCK_P": 64, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 128, "BLOCK_C": 64, "num_warps": 8},
-           {"BLOCK_P": 32, "BLOCK_C": 128, "num_warps": 4}, {"BLOCK_P": 256, "BLOCK_C": 32, "num_warps": 8}]
+           {"BLOCK_P": 32, "BLOCK_C": 128, "num_warps": 4}, {"BLOCK_P": 256, "BLOCK_C": 32, "num_warps": 8},
+           {"BLOCK_P": 128, "BLOCK_C": 64, "num_warps": 4}]
 
 
 @triton.jit
