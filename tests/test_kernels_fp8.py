@@ -327,9 +327,8 @@ if cc >= 90:  # the TMA-fed GEMM: int8 with an int8 residual, requantized
     k = build(int8_conv_tma._conv_tma_kernel, ct, {"HAS_BIAS": True, "HAS_RES": True, "RES_Q": True,
               "REQUANT": True, "ACT": "relu", "FP8": False, "BH": 8, "BW": 16, "BLOCK_N": 64, "BLOCK_K": 64}, cc)
     assert "wgmma" in k.asm["ptx"] and "cp.async.bulk.tensor.4d" in k.asm["ptx"]
-s2d = {"x": f8, "s": f8, "scale": "fp32"} | {k: "i32" for k in "H W HS WS pt pl s_xn s_xc s_xh s_xw".split()}
-build(space_to_depth._s2d_kernel, s2d, {"C": 3, "QUANT": False, "FP8": True, "EXACT_DIV": True, "BLOCK_J": 128},
-      cc)  # a stem conv's input regrouped, fp8
+s2d = {"x": f8, "s": f8} | {k: "i32" for k in "H W HS WS pt pl s_xn s_xc s_xh s_xw".split()}
+build(space_to_depth._s2d_kernel, s2d, {"C": 3, "FP8": True, "BLOCK_J": 128}, cc)  # a stem conv's input, fp8
 mp = {"x": "*i8", "y": "*i8"} | {k: "i32" for k in "N C H W OH OW sh sw ph pw dh dw".split()}
 mp |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_yn s_yc s_yh s_yw".split()}
 build(pool._max_pool_kernel, mp, {"KH": 3, "KW": 3, "CLAMP": True, "BLOCK_P": 64, "BLOCK_C": 64}, cc)

@@ -6,8 +6,7 @@ A KHxKW stride-2 conv of x with pads (pt, pl) equals a ⌈KH/2⌉x⌈KW/2⌉ str
 W'[co, channel(c, dy, dx), a, b] = W[co, c, 2a + dy, 2b + dx] (zero past KH, KW): every product of the original
 sum appears once. For a stem conv (C ≤ 4) this turns a 147-long gather per output pixel into 16-channel rows a
 TMA box or a plain row load can fetch. A program reads each input row as one contiguous run and writes each S
-pixel as one 16-byte store; given a scale, it quantizes a float image on the way (QuantizeLinear folded in).
-Works on any element type; writes NHWC (channels_last) memory.
+pixel as one 16-byte store. Works on any element type; writes NHWC (channels_last) memory.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import INTERPRET
-from kiln.kernels.quantize import quantize_values
+from kiln.kernels.int8_gemm import load_operand
 
 CHANNELS = 16  # S's channels: four input channels (zero-padded) at four parities
 BLOCK_J = 128  # S pixels per program: a stem's whole row (115 at 224 pixels)
@@ -29,41 +27,30 @@ def channel(c: int, dy: int, dx: int) -> int:
 
 
 @triton.jit
-def _plane(base, c: tl.constexpr, ih, iw, H, W, s_xc, s_xh, scale, C: tl.constexpr, QUANT: tl.constexpr,
-           FP8: tl.constexpr, EXACT_DIV: tl.constexpr, OUT: tl.constexpr):
+def _plane(base, c: tl.constexpr, ih, iw, H, W, s_xc, s_xh, C: tl.constexpr, FP8: tl.constexpr):
     """Input channel c of row ih at the columns iw [BLOCK_J, 2] (both parities), zero outside x or past C."""
     ok = (c < C) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    if QUANT or FP8:
-        v = tl.load(base + c * s_xc + ih * s_xh, mask=ok, other=0.0)
-    else:
-        v = tl.load(base + c * s_xc + ih * s_xh, mask=ok, other=0)
-    if QUANT:
-        v = quantize_values(v, scale, FP8, EXACT_DIV)
-    return v.to(OUT)
+    return load_operand(base + c * s_xc + ih * s_xh, ok, FP8)
 
 
 @triton.jit
-def _pair(base, c: tl.constexpr, ih, iw, H, W, s_xc, s_xh, scale, C: tl.constexpr, QUANT: tl.constexpr,
-          FP8: tl.constexpr, EXACT_DIV: tl.constexpr, OUT: tl.constexpr):
+def _pair(base, c: tl.constexpr, ih, iw, H, W, s_xc, s_xh, C: tl.constexpr, FP8: tl.constexpr):
     """Channel c at both row parities: [BLOCK_J, 2 (dx), 2 (dy)]."""
-    return tl.join(_plane(base, c, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, OUT),
-                   _plane(base, c, ih + 1, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, OUT))
+    return tl.join(_plane(base, c, ih, iw, H, W, s_xc, s_xh, C, FP8),
+                   _plane(base, c, ih + 1, iw, H, W, s_xc, s_xh, C, FP8))
 
 
 @triton.jit
-def _s2d_kernel(x, s, H, W, HS, WS, pt, pl, s_xn, s_xc, s_xh, s_xw, scale, C: tl.constexpr, QUANT: tl.constexpr,
-                FP8: tl.constexpr, EXACT_DIV: tl.constexpr, BLOCK_J: tl.constexpr):
+def _s2d_kernel(x, s, H, W, HS, WS, pt, pl, s_xn, s_xc, s_xh, s_xw, C: tl.constexpr, FP8: tl.constexpr,
+                BLOCK_J: tl.constexpr):
     row = tl.program_id(0)  # n·HS + i: one row of S
     n, i = row // HS, row % HS
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     iw = 2 * j[:, None] + tl.arange(0, 2)[None, :] - pl  # [BLOCK_J, 2]: the pixel's two columns, contiguous
     base = x + n.to(tl.int64) * s_xn + iw * s_xw
     ih = 2 * i - pt
-    out: tl.constexpr = s.dtype.element_ty
-    a = tl.join(_pair(base, 0, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out),
-                _pair(base, 1, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out))
-    b = tl.join(_pair(base, 2, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out),
-                _pair(base, 3, ih, iw, H, W, s_xc, s_xh, scale, C, QUANT, FP8, EXACT_DIV, out))
+    a = tl.join(_pair(base, 0, ih, iw, H, W, s_xc, s_xh, C, FP8), _pair(base, 1, ih, iw, H, W, s_xc, s_xh, C, FP8))
+    b = tl.join(_pair(base, 2, ih, iw, H, W, s_xc, s_xh, C, FP8), _pair(base, 3, ih, iw, H, W, s_xc, s_xh, C, FP8))
     v = tl.reshape(tl.join(a, b), (BLOCK_J, 16))  # [j, dx, dy, c % 2, c // 2]: `channel`'s order
     ch = tl.arange(0, 16)
     tl.store(s + (row.to(tl.int64) * WS + j[:, None]) * 16 + ch[None, :], v, mask=(j < WS)[:, None])
@@ -75,21 +62,18 @@ def geometry(kernel: tuple[int, int], out_hw: tuple[int, int]) -> tuple[tuple[in
     return k2, (out_hw[0] + k2[0] - 1, out_hw[1] + k2[1] - 1)
 
 
-def space_to_depth(x: torch.Tensor, pads: tuple[int, int], size: tuple[int, int], channels: int = CHANNELS,
-                   scale: float | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+def space_to_depth(x: torch.Tensor, pads: tuple[int, int], size: tuple[int, int],
+                   channels: int = CHANNELS) -> torch.Tensor:
     """S (module docstring) of x [N, C ≤ 4, H, W] (any strides) with begin pads (pt, pl) and spatial `size`, as an
-    NCHW-shaped channels_last tensor of x's type; with `scale`, x is a float image quantized on the way to `dtype`
-    (int8 or float8_e4m3fn: kernels/quantize.py's values)."""
+    NCHW-shaped channels_last tensor of x's type."""
     n, c, h, w = x.shape
     hs, ws = size
     if channels != CHANNELS or c > CHANNELS // 4:
         raise ValueError(f"S has {CHANNELS} channels, for at most {CHANNELS // 4} input channels; got {channels}, {c}")
-    out = x.dtype if scale is None else dtype or torch.int8
-    s = torch.empty((n, CHANNELS, hs, ws), dtype=out, device=x.device, memory_format=torch.channels_last)
+    s = torch.empty((n, CHANNELS, hs, ws), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if s.numel():
-        _s2d_kernel[(n * hs, triton.cdiv(ws, BLOCK_J))](
-            x, s, h, w, hs, ws, pads[0], pads[1], *x.stride(), float(scale or 1.0), C=c, QUANT=scale is not None,
-            FP8=out == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET, BLOCK_J=BLOCK_J)
+        _s2d_kernel[(n * hs, triton.cdiv(ws, BLOCK_J))](x, s, h, w, hs, ws, pads[0], pads[1], *x.stride(), C=c,
+                                                        FP8=x.dtype == torch.float8_e4m3fn, BLOCK_J=BLOCK_J)
     return s
 
 
