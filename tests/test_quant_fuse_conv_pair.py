@@ -155,9 +155,11 @@ def test_pair_kernel_compiles_for_hopper_with_one_wgmma_in_flight():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("c,c2", [(64, 128), (128, 256)])
 @pytest.mark.parametrize("size,strides2", [(14, (2, 2)), (13, (2, 2)), (9, (1, 1))])
-def test_gpu_pair_kernel_gives_the_reference_bits(size, strides2):
-    """Every tile, the second input strided or not, ragged maps: the reference's bits."""
+def test_gpu_pair_kernel_gives_the_reference_bits(size, strides2, c, c2):
+    """Every tile, the second input strided or not, ragged maps, 64- and 128-byte channel blocks: the reference's
+    bits."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs a Hopper GPU (wgmma, TMA)")
     if not int8_conv_pair.available():
@@ -165,7 +167,7 @@ def test_gpu_pair_kernel_gives_the_reference_bits(size, strides2):
     from kiln.builder.device import Device
     dev = Device("cuda", "cuda", "cuda:0")
     g = torch.Generator().manual_seed(3)
-    spec, inputs, want = _pair_case(g, size=size, c=64, c2=128, co=128, strides2=strides2, device="cuda")
+    spec, inputs, want = _pair_case(g, size=size, c=c, c2=c2, co=128, strides2=strides2, device="cuda")
     t = registry.get("triton_int8_conv_pair_wgmma")
     assert t.supports(spec, dev) is None
     for cfg in t.configs(spec, dev, 3):
