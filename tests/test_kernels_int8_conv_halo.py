@@ -142,3 +142,11 @@ def test_halo_configs_take_the_widest_channel_block_that_fits():
             if cfg["BLOCK_K"] == 64:  # only where the 128-wide block does not fit
                 assert halo.smem_bytes(cfg | {"BLOCK_K": 128}, (3, 3), c, False) > SMEM, cfg
     assert {cfg["BLOCK_K"] for cfg in halo.configs((3, 3), 56, 56, 64, 64, SMEM, False)} == {64}
+
+
+def test_the_measured_layer_3_winner_is_among_the_configs_the_autotuner_times():
+    """ResNet-50's layer-3 3x3 conv (256 channels, 14x14) was fastest as 8x8x64 on 128-byte blocks with two stages
+    (H100, 2026-11-24): it must be among the configs the autotuner times."""
+    from kiln.builder.autotune import CONFIGS_PER_TACTIC
+    cfgs = halo.configs((3, 3), 14, 14, 256, 256, SMEM, False)[:CONFIGS_PER_TACTIC[3]]
+    assert any((c["BH"], c["BW"], c["BLOCK_N"], c["BLOCK_K"], c["STAGES"]) == (8, 8, 64, 128, 2) for c in cfgs)

@@ -172,3 +172,14 @@ def test_gpu_pair_kernel_gives_the_reference_bits(size, strides2, c, c2):
     assert t.supports(spec, dev) is None
     for cfg in t.configs(spec, dev, 3):
         assert torch.equal(t.compile(spec, cfg, dev)(inputs)[0], want), cfg
+
+
+def test_the_measured_winners_are_among_the_configs_the_autotuner_times():
+    """The autotuner times the first CONFIGS_PER_TACTIC[3] configs: ResNet-50's winning pair tiles (H100,
+    2026-11-24) must be among them: layer 1's 4-warp 8x8x128, layer 2's 4x32x128 on 128-byte blocks."""
+    from kiln.builder.autotune import CONFIGS_PER_TACTIC
+    timed = CONFIGS_PER_TACTIC[3]
+    l1 = int8_conv_pair.configs(56, 56, 256, 64, 64, 227 * 1024)[:timed]
+    assert any((c["BH"], c["BW"], c["BLOCK_N"], c["num_warps"], c["STAGES"]) == (8, 8, 128, 4, 4) for c in l1)
+    l2 = int8_conv_pair.configs(28, 28, 512, 128, 256, 227 * 1024)[:timed]
+    assert any((c["BH"], c["BW"], c["BLOCK_N"], c["BLOCK_K"]) == (4, 32, 128, 128) for c in l2)
