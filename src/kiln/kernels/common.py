@@ -31,6 +31,18 @@ def tma_nhwc(t: torch.Tensor) -> bool:
         and t.data_ptr() % 16 == 0
 
 
+def widest_block(tile: dict, rest: dict, blocks, need, smem: int) -> dict | None:
+    """`tile` with the widest channel block of `blocks` (BLOCK_K) whose shared memory need(cfg) fits `smem`, then
+    `rest`, and as many programs to a multiprocessor as fit (`stream`: up to four, 1 KiB each reserved); None where
+    none fits. Persistent Gluon kernels' configs."""
+    for bk in blocks:
+        cfg = tile | {"BLOCK_K": bk} | rest
+        n = need(cfg)
+        if n <= smem:
+            return cfg | {"stream": max(1, min(4, (smem + 1024) // (n + 1024)))}
+    return None
+
+
 def capability(device) -> tuple[int, int] | None:
     """The CUDA compute capability of a kiln Device, None off CUDA."""
     if getattr(device, "backend", None) != "cuda" or not torch.cuda.is_available():

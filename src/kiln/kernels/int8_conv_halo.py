@@ -16,7 +16,7 @@ import torch
 import triton
 
 from kiln.kernels import int8_gemm_wgmma as wg
-from kiln.kernels.common import tma_nhwc
+from kiln.kernels.common import tma_nhwc, widest_block
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -179,18 +179,11 @@ def configs(kernel: tuple[int, int], oh: int | None, ow: int | None, co: int, c:
             if bn > max(64, co) or bw > max(8, triton.next_power_of_2(ow or 8)) or bh > max(
                     4, triton.next_power_of_2(oh or 4)):
                 continue
-            for bk in bks:
-                cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": 4}
-                need = smem_bytes(cfg, kernel, c, residual)
-                if need <= smem:  # up to four programs to a multiprocessor (1 KiB each reserved)
-                    out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
-                    break
+            cfg = widest_block({"BH": bh, "BW": bw, "BLOCK_N": bn}, {"STAGES": stages, "num_warps": 4}, bks,
+                               lambda cfg: smem_bytes(cfg, kernel, c, residual), smem)
+            if cfg:
+                out.append(cfg)
     return out
-
-
-def _desc(t: torch.Tensor, block: list[int]):
-    return wg.TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                               wg.gl.NVMMASharedLayout.get_default_for(block, wg.gl.int8))
 
 
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], pads,
@@ -227,8 +220,8 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     tiles, tiles_n = n * tiles_hw, triton.cdiv(co, bn)
     per_n = max(1, min(tiles, config["stream"] * wg._programs(x.device) // tiles_n))
     _halo_conv_kernel[(tiles_n * per_n,)](
-        _desc(nhwc, [1, bh, bw, bk]), _desc(nhwc, [1, halo_rows(kh), bw, bk]), _desc(w, [bn, bk]),
-        _desc(y4, [1, bh, bw, bn]), _desc(r4, [1, bh, bw, bn]), scale, bias if bias is not None else scale, co,
+        wg._desc(nhwc, [1, bh, bw, bk]), wg._desc(nhwc, [1, halo_rows(kh), bw, bk]), wg._desc(w, [bn, bk]),
+        wg._desc(y4, [1, bh, bw, bn]), wg._desc(r4, [1, bh, bw, bn]), scale, bias if bias is not None else scale, co,
         pads[0], pads[1], inv_scale(out_scale), float(res_scale or 1.0), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KH=kh, KW=kw, CB=c // bk,
         STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)

@@ -13,7 +13,7 @@ import torch
 import triton
 
 from kiln.kernels import int8_gemm_wgmma as wg
-from kiln.kernels.common import tma_nhwc
+from kiln.kernels.common import tma_nhwc, widest_block
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -157,18 +157,11 @@ def configs(oh: int | None, ow: int | None, co: int, c: int, c2: int, smem: int)
             if bn > max(64, co) or bw > max(8, triton.next_power_of_2(ow or 8)) or bh > max(
                     8, triton.next_power_of_2(oh or 8)):
                 continue
-            for bk in _block_ks(c, c2):
-                cfg = {"BH": bh, "BW": bw, "BLOCK_N": bn, "BLOCK_K": bk, "STAGES": stages, "num_warps": warps}
-                need = smem_bytes(cfg, c, c2)
-                if need <= smem:
-                    out.append(cfg | {"stream": max(1, min(4, (smem + 1024) // (need + 1024)))})
-                    break
+            cfg = widest_block({"BH": bh, "BW": bw, "BLOCK_N": bn}, {"STAGES": stages, "num_warps": warps},
+                               _block_ks(c, c2), lambda cfg: smem_bytes(cfg, c, c2), smem)
+            if cfg:
+                out.append(cfg)
     return out
-
-
-def _desc(t: torch.Tensor, block: list[int]):
-    return wg.TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                               wg.gl.NVMMASharedLayout.get_default_for(block, wg.gl.int8))
 
 
 def conv_pair(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, x2: torch.Tensor,
@@ -199,8 +192,9 @@ def conv_pair(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     tiles, tiles_n = n * tiles_hw, triton.cdiv(co, bn)
     per_n = max(1, min(tiles, config["stream"] * wg._programs(x.device) // tiles_n))
     _pair_kernel[(tiles_n * per_n,)](
-        _desc(x.permute(0, 2, 3, 1), box), _desc(w, [bn, bk]), _desc(x2.permute(0, 2, 3, 1), box), _desc(w2, [bn, bk]),
-        _desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale, bias if bias is not None else scale, scale2,
+        wg._desc(x.permute(0, 2, 3, 1), box), wg._desc(w, [bn, bk]), wg._desc(x2.permute(0, 2, 3, 1), box),
+        wg._desc(w2, [bn, bk]),
+        wg._desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale, bias if bias is not None else scale, scale2,
         bias2 if bias2 is not None else scale2, co, inv_scale(out_scale), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_BIAS2=bias2 is not None, ACT=activation, KT1=c // bk, KT2=x2.shape[1] // bk,
         STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
