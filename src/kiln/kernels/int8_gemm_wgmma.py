@@ -37,7 +37,7 @@ from kiln.kinds.quantized import inv_scale
 
 ACTIVATIONS = ("none", "relu", "gelu_erf")
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
-STREAM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "stream")  # stream: programs per multiprocessor
+STREAM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps", "stream")  # stream: programs per SM
 STREAM_K = 512  # reductions short enough to stay whole in shared memory: the streaming kernel's
 _STREAM = [(128, 128, 8), (128, 64, 4), (64, 128, 4), (128, 128, 4)]  # (BLOCK_M, BLOCK_N, num_warps)
 CONV_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
