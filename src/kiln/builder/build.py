@@ -26,13 +26,14 @@ from kiln.quant.budget import copy_network, time_engines
 from kiln.quant.fp8 import check_fp8
 from kiln.quant.int8 import apply_int8
 from kiln.quant.fold_quantize import fold_quantize
+from kiln.quant.fuse_conv_chain import fuse_conv_chain
 from kiln.quant.fuse_conv_pair import fuse_conv_pair
 from kiln.quant.int8_fp16 import int8_fp16_io
 from kiln.quant.int8_stage import quantize_int8
 from kiln.quant.scheme import QuantScales, TensorScale
 from kiln.quant.qdq import absorb_qdq, has_qdq
 from kiln.runtime.context import to_device
-from kiln.tactics import triton_int8_pair
+from kiln.tactics import triton_int8_chain, triton_int8_pair
 from kiln.tactics.hardware_compat import HardwareCompat
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -149,10 +150,12 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         notes += apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
         notes += int8_fp16_io(net) if quantize and (cuda_int8 or config.fp16) else []
         folded = fold_quantize(net) if quantize else 0
-        paired = fuse_conv_pair(net) if quantize and triton_int8_pair.fast_on(ctx.device) else 0
+        paired, chained = _fuse_int8_convs(net, ctx.device) if quantize else (0, 0)
         return notes + ([f"{folded} QuantizeLinear layers folded into the add+LayerNorm before them"] if folded
                         else []) + ([f"{paired} int8 1x1 convs fused with the 1x1 conv that adds them (a "
-                                     "bottleneck's last conv and its downsample)"] if paired else [])
+                                     "bottleneck's last conv and its downsample)"] if paired else []) + \
+            ([f"{chained} int8 1x1 convs fused with the 1x1 conv that reads them (a bottleneck's last conv and the "
+              "next block's first)"] if chained else [])
 
     ctx.notes += stage("precision", precision)
     net.verify()
@@ -178,6 +181,13 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     return engine
 
 
+def _fuse_int8_convs(net: Network, device) -> tuple[int, int]:
+    """Where the Gluon kernels run (Hopper): the 1x1 conv pairs, then the 1x1 conv chains; how many of each."""
+    if not triton_int8_pair.fast_on(device):
+        return 0, 0
+    return fuse_conv_pair(net), fuse_conv_chain(net, triton_int8_chain.fits(device))
+
+
 def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -> dict:
     """What the accuracy budget's float layers cost: the chosen engine vs the all-int8 one, timed (CUDA only)."""
     budget = record["budget"]
@@ -195,8 +205,7 @@ def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -
     if not config.bf16:
         int8_fp16_io(net)
     fold_quantize(net)
-    if triton_int8_pair.fast_on(engine.device):
-        fuse_conv_pair(net)
+    _fuse_int8_convs(net, engine.device)
     weights = {k: to_device(v, engine.device.torch_device) for k, v in net.constants.items()}
     choices = tune(net, weights, engine.device, config.opt_level, config.tf32, cache, lambda *a: None,
                    config.workspace_bytes)

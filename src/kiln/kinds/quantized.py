@@ -32,7 +32,7 @@ from kiln.kinds.fused import activate
 from kiln.kinds.registry import kind
 
 QMAX = 127
-KINDS = ("QuantConv", "QuantGemm", "QuantConvPair")  # the quantized layer kinds (weights of the quantized type)
+KINDS = ("QuantConv", "QuantGemm", "QuantConvPair", "QuantConvChain")  # the quantized layer kinds (weights of the quantized type)
 
 
 def inv_scale(out_scale: float) -> float:
@@ -110,6 +110,24 @@ def quant_conv_pair(inputs, attrs):
     y = scaled(conv_nd(x.double(), w.double(), None, attrs), w_scale, b, attrs["x_scale"], 1, qtype)
     acc2 = conv_nd(x2.double(), w2.double(), None, dict(attrs, strides=attrs["strides2"]))
     return finish(y + scaled(acc2, w2_scale, b2, attrs["x2_scale"], 1, qtype), attrs)
+
+
+@kind("QuantConvChain")
+def quant_conv_chain(inputs, attrs):
+    """A quantized conv and the 1x1 quantized conv that reads its output, as one layer with both outputs (a
+    bottleneck's last conv and the next block's first, quant/fuse_conv_chain.py): inputs X_q, W_q, w_scale, bias,
+    residual as QuantConv's (attrs its own), then W2_q, w2_scale, bias2 of the second conv, which reads the first's
+    output at x_scale = out_scale and has out2_scale, activation2, activation2_params. Outputs (y, z)."""
+    y = quant_conv(inputs[:5], attrs)
+    return y, quant_conv([y, *inputs[5:8]], second_attrs(attrs))
+
+
+def second_attrs(attrs) -> dict:
+    """A QuantConvChain's second conv as QuantConv attributes: 1x1, stride 1, unpadded, reading the first's output."""
+    return {k: v for k, v in attrs.items() if k not in ("res_scale", "out2_scale", "activation2", "activation2_params")} \
+        | {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1, "auto_pad": "NOTSET",
+           "kernel_shape": [1, 1], "x_scale": attrs["out_scale"], "out_scale": attrs["out2_scale"],
+           "activation": attrs["activation2"], "activation_params": attrs["activation2_params"]}
 
 
 @kind("QuantGemm")

@@ -62,7 +62,8 @@ def _scale_inputs(net: Network) -> set[str]:
     out = set()
     for layer in net.layers:
         if layer.kind in QUANTIZED:
-            out.update(layer.inputs[2:3] + (layer.inputs[6:7] if layer.kind == "QuantConvPair" else []))
+            second = layer.kind in ("QuantConvPair", "QuantConvChain")  # the second conv's scale: input 6
+            out.update(layer.inputs[2:3] + (layer.inputs[6:7] if second else []))
         elif layer.kind in ("QuantizeLinear", "DequantizeLinear"):
             out.update(n for n in layer.inputs[1:3] if n)
     return out

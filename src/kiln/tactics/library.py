@@ -13,6 +13,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)
     triton_conv,
     triton_gemm,
     triton_int8,
+    triton_int8_chain,
     triton_int8_conv,
     triton_int8_pair,
     triton_int8_s2d,

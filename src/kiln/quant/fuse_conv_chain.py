@@ -1,0 +1,49 @@
+"""Fuse an int8 1x1 QuantConv with the 1x1 QuantConv that reads its output into one QuantConvChain
+(kinds/quantized.py) with both outputs: a bottleneck's last conv and the next block's first,
+
+    y = QuantConv(h, R=r){out_scale=s_y};  z = QuantConv(y){x_scale=s_y}   ⇒   y, z = QuantConvChain(h, r)
+
+so that y (ResNet-50 layer 1: 51 MB at batch 64), still written for its other readers, is not read back for z.
+Both stride 1, unpadded, group 1, int8 in and out; the second without residual; `fits` says which shapes the
+kernel takes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kiln.ir import Layer, Network
+from kiln.quant.fuse_conv_pair import RESIDUAL, _inputs, _pointwise
+
+
+def _gemm(net: Network, layer: Layer) -> bool:
+    """An int8 1x1 stride-1 QuantConv with a requantized output."""
+    return _pointwise(net, layer) and tuple(layer.attrs.get("strides", (1, 1))) == (1, 1) and \
+        layer.attrs.get("out_scale") is not None
+
+
+def fuse_conv_chain(net: Network, fits: Callable[[int, int, int, bool], bool]) -> int:
+    """Fuse every such chain whose (K, N, N2, residual) `fits` in place; how many."""
+    consumers, fused, removed = net.consumers(), 0, set()
+    for y in list(net.layers):
+        if y.name in removed or not _gemm(net, y) or (y.attrs.get("res_scale") is None and len(y.inputs) > RESIDUAL
+                                 and y.inputs[RESIDUAL]):
+            continue
+        residual = len(y.inputs) > RESIDUAL and bool(y.inputs[RESIDUAL])
+        (n, k), out = net.constants[y.inputs[1]].shape[:2], y.outputs[0]
+        z = next((c for c in consumers.get(out, []) if _gemm(net, c) and c.inputs[0] == out and out not in c.inputs[1:]
+                  and not (len(c.inputs) > RESIDUAL and c.inputs[RESIDUAL]) and c.attrs["x_scale"] == y.attrs[
+                      "out_scale"] and fits(k, n, net.constants[c.inputs[1]].shape[0], residual)), None)
+        if z is None:
+            continue
+        attrs = y.attrs | {"out2_scale": z.attrs["out_scale"], "activation2": z.attrs.get("activation", "none"),
+                           "activation2_params": list(z.attrs.get("activation_params", []))}
+        inputs = (list(y.inputs) + [""] * 5)[:5] + _inputs(z)[1:]
+        net.layers[net.layers.index(y)] = Layer(f"{y.name}+{z.name}", "QuantConvChain", inputs, [out, z.outputs[0]],
+                                                attrs, y.precision, y.origin + z.origin)
+        net.layers.remove(z)
+        removed.add(z.name)
+        fused += 1
+    if fused:
+        net.verify()
+    return fused

@@ -1,0 +1,130 @@
+"""QuantConvChain (an int8 1x1 conv and the 1x1 conv reading its output, quant/fuse_conv_chain.py): through the
+Gluon chain kernel (kernels/int8_gemm_chain.py, Hopper: the first output is written once and never read back), or,
+on any GPU, as two Triton implicit-GEMM convs (kernels/int8_conv.py), the second reading the first's output."""
+
+from __future__ import annotations
+
+from kiln.kernels import int8_conv, int8_gemm_chain
+from kiln.kernels.common import smem_limit
+from kiln.kinds.qtype import INT8
+from kiln.kinds.quantized import second_attrs
+from kiln.tactics import int8_lowering
+from kiln.tactics.common import rank
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_gemm import _epilogue
+from kiln.tactics.triton_int8_tma import _device_reason
+
+X, W, W_SCALE, BIAS, R, W2, W2_SCALE, BIAS2 = range(8)  # QuantConvChain's inputs
+
+
+def _supports(spec: LayerSpec, device) -> str | None:
+    a, i = spec.attrs, spec.inputs
+    if spec.kind != "QuantConvChain" or int8_lowering.qtype(spec) is not INT8:
+        return "int8 QuantConvChain only"
+    if any(i[k] is None or i[k].const is None for k in (W, W_SCALE, W2, W2_SCALE)) or any(
+            i[k] is not None and i[k].const is None for k in (BIAS, BIAS2)):
+        return "weights, scales and biases must be build-time constants"
+    if rank(i[X]) != 4 or not i[X].static:
+        return "2-D convolutions with static shapes only"
+    if any(act not in int8_lowering.ACTIVATIONS for act in (a.get("activation", "none"), a["activation2"])) or \
+            a.get("out_scale") is None or a.get("out2_scale") is None:
+        return "int8 outputs with the int8 epilogue's activations only"
+    if i[R] is not None and (i[R].dtype is not INT8.dtype or a.get("res_scale") is None):
+        return "int8 residuals only"
+    return None
+
+
+def _constants(spec: LayerSpec):
+    """Both convs' [CO, C] weights, combined scales and biases (None when absent)."""
+    a, i = spec.attrs, spec.inputs
+    w, w2 = (i[k].const.reshape(i[k].const.shape[:2]).contiguous() for k in (W, W2))
+    return (w, int8_lowering.combined_scale(a["x_scale"], i[W_SCALE].const), int8_lowering.const_bias(spec, BIAS),
+            w2, int8_lowering.combined_scale(a["out_scale"], i[W2_SCALE].const), int8_lowering.const_bias(spec, BIAS2))
+
+
+def _configs(spec: LayerSpec, device, level: int):
+    out, c = spec.outputs[0].shape, spec.inputs[W].const.shape[1]
+    return [{"layout": "nhwc", **cfg} for cfg in int8_conv.configs(out[0] * out[2] * out[3], out[1], c,
+                                                                   smem_limit(device), level)]
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    w, scale, bias, w2, scale2, bias2 = _constants(spec)
+    w, w2 = (int8_conv.pack_weight(t[:, :, None, None]) for t in (w, w2))
+    b = second_attrs(a)
+    conv = dict(kernel=(1, 1), strides=(1, 1), pads=[0] * 4, dilations=(1, 1),
+                config={k: config[k] for k in int8_conv.CONFIG_KEYS})
+
+    def run(inputs, out=None):
+        y = int8_conv.conv2d(inputs[X], w, scale, bias=bias,
+                             residual=inputs[R], out_scale=a["out_scale"], res_scale=a.get("res_scale"),
+                             **_acts(a), out=out[0] if out else None, **conv)
+        return [y, int8_conv.conv2d(y, w2, scale2, bias=bias2,
+                                    out_scale=b["out_scale"], **_acts(b), out=out[1] if out else None, **conv)]
+
+    return run
+
+
+def _acts(attrs) -> dict:
+    act, alpha, beta = _epilogue(attrs)
+    return {"activation": act, "act_alpha": alpha, "act_beta": beta}
+
+
+register(Tactic("triton_int8_conv_chain", ("QuantConvChain",), _compile, _supports, _configs, priority=15,
+                writes_out=True))
+
+
+def _shape(spec: LayerSpec) -> tuple[int, int, int, bool]:
+    """(K, N, N2, residual) of the chain's two GEMMs."""
+    co, c = spec.inputs[W].const.shape[:2]
+    return c, co, spec.inputs[W2].const.shape[0], spec.inputs[R] is not None
+
+
+def _supports_wgmma(spec: LayerSpec, device) -> str | None:
+    reason = _supports(spec, device) or _device_reason(device)
+    if reason is None and not int8_gemm_chain.available():
+        return "this triton has no Gluon"
+    if reason is None and any(_epilogue(a)[0] not in int8_gemm_chain.wg.ACTIVATIONS
+                              for a in (spec.attrs, second_attrs(spec.attrs))):
+        return f"activations {', '.join(int8_gemm_chain.wg.ACTIVATIONS)} only"
+    if reason is None and not _wgmma_configs(spec, device, 3):
+        return "no tile fits: K must be 32..128, N a multiple of 64, N2 at most 256, both weights in shared memory"
+    return reason
+
+
+def _wgmma_configs(spec: LayerSpec, device, level: int):
+    out = spec.outputs[0].shape
+    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_chain.configs(out[0] * out[2] * out[3], *_shape(spec),
+                                                                         smem_limit(device))]
+
+
+def _compile_wgmma(spec: LayerSpec, config, device):
+    a = spec.attrs
+    w, scale, bias, w2, scale2, bias2 = _constants(spec)
+    b = second_attrs(a)
+    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
+              out2_scale=b["out_scale"], activation2=_epilogue(b)[0],
+              config={k: config[k] for k in int8_gemm_chain.CONFIG_KEYS})
+    n, k, h, wd = spec.inputs[X].shape
+    rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])  # noqa: E731 (NHWC memory: a view)
+    back = lambda t: t.reshape(n, h, wd, -1).permute(0, 3, 1, 2)  # noqa: E731
+
+    def run(inputs, out=None):
+        res = rows(inputs[R]) if inputs[R] is not None else None
+        y, z = int8_gemm_chain.chain(rows(inputs[X]), w, scale, bias, res, w2, scale2, bias2,
+                                     out=out[0] if out else None, out2=out[1] if out else None, **kw)
+        return [back(y), back(z)]
+
+    return run
+
+
+register(Tactic("triton_int8_conv_chain_wgmma", ("QuantConvChain",), _compile_wgmma, _supports_wgmma,
+                _wgmma_configs, priority=18, arch_specific=True, writes_out=True))
+
+
+def fits(device):
+    """Whether the chain kernel takes two convs of (K, N, N2, residual) on `device` (where the build fuses them)."""
+    smem = smem_limit(device)
+    return lambda k, n, n2, residual: bool(int8_gemm_chain.configs(None, k, n, n2, smem, residual))

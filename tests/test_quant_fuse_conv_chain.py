@@ -1,0 +1,178 @@
+"""quant/fuse_conv_chain.py and QuantConvChain: a 1x1 int8 conv and the 1x1 conv reading its output fuse into one
+layer with both outputs (a bottleneck's last conv and the next block's first); the chain's reference is the two
+convs; the fused network gives the unfused one's bits; the Triton split tactic gives the reference's bits (CPU,
+TRITON_INTERPRET=1); the Gluon chain kernel compiles for sm90 and, on a Hopper GPU, gives the reference's bits."""
+
+import numpy as np
+import pytest
+import torch
+
+from kiln.engine.engine import Engine
+from kiln.ir import DType
+from kiln.kernels import int8_gemm_chain
+from kiln.kinds import run_reference
+from kiln.kinds.quantized import second_attrs
+from kiln.quant.budget import copy_network
+from kiln.quant.fuse_conv_chain import fuse_conv_chain
+from kiln.tactics import registry
+from kiln.tactics.spec import LayerSpec, ValueSpec
+from test_kernels_int8 import CPU, EPI
+from test_quant_int8_residual import Bottleneck, small_resnet
+
+CONSTS = (1, 2, 3, 5, 6, 7)  # weights, scales, biases
+ANY = lambda *shape: True  # noqa: E731  (every shape fits)
+SMEM = 227 * 1024  # an H100's shared memory per block
+
+
+def _chain_case(g, m_pixels=(2, 5, 7), k=32, n=64, n2=16, device="cpu", residual=True, bias2=True):
+    """A QuantConvChain spec over an [N, K, H, W] map and its inputs and reference outputs."""
+    b, h, w = m_pixels
+    i8 = lambda *s: torch.randint(-127, 128, s, generator=g, dtype=torch.int8)  # noqa: E731
+    nhwc = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    inputs = [nhwc(i8(b, k, h, w)), i8(n, k, 1, 1), torch.rand(n, generator=g) * 1e-3 + 1e-4, torch.randn(n, generator=g),
+              nhwc(i8(b, n, h, w)) if residual else None, i8(n2, n, 1, 1), torch.rand(n2, generator=g) * 1e-3 + 1e-4,
+              torch.randn(n2, generator=g) if bias2 else None]
+    inputs = [None if t is None else t.to(device) for t in inputs]
+    attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4,
+             "strides": [1, 1], "x_scale": 0.1, "out_scale": 0.3, "out2_scale": 0.2, "activation2": "Relu",
+             "activation2_params": []} | EPI | {"activation": "Relu"} | ({"res_scale": 0.25} if residual else {})
+    want = run_reference("QuantConvChain", inputs, attrs)
+    vals = tuple(None if t is None else ValueSpec(DType.from_torch(t.dtype), tuple(t.shape),
+                                                  t if i in CONSTS else None) for i, t in enumerate(inputs))
+    spec = LayerSpec("chain", "QuantConvChain", attrs, vals, tuple(ValueSpec(DType.INT8, tuple(t.shape)) for t in want))
+    return spec, inputs, want
+
+
+def _build(tmp_path):
+    """Three identity bottlenecks (each block's output int8: read by the next block's first conv and as its
+    residual), built int8 on the CPU (no chains fused there: the build fuses them where the Gluon kernel runs)."""
+    import kiln
+    path, x = small_resnet(tmp_path, lambda: (Bottleneck(16), Bottleneck(16), Bottleneck(16)), 16, "chain")
+    return kiln.build(path, kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu", calibrator="minmax", int8=True,
+                                                         calib=str(tmp_path / "calib.npz"))), x
+
+
+def test_chain_reference_is_the_two_convs():
+    g = torch.Generator().manual_seed(0)
+    spec, inputs, (y, z) = _chain_case(g)
+    first = run_reference("QuantConv", inputs[:5], spec.attrs)[0]
+    assert y.dtype == torch.int8 and torch.equal(y, first)
+    second = run_reference("QuantConv", [first, *inputs[5:]], second_attrs(spec.attrs))[0]
+    assert z.dtype == torch.int8 and z.shape == (2, 16, 5, 7) and torch.equal(z, second)
+    assert (z >= 0).all() and z.any()  # the second conv's ReLU, and not all zeros
+
+
+def test_pass_fuses_each_block_s_last_conv_with_the_next_block_s_first(tmp_path):
+    engine, x = _build(tmp_path)
+    assert not any(la.kind == "QuantConvChain" for la in engine.network.layers)
+    net = copy_network(engine.network)
+    before = {la.name: la for la in net.layers}
+    assert fuse_conv_chain(net, ANY) == 2  # block 0 → block 1, block 1 → block 2
+    chains = [la for la in net.layers if la.kind == "QuantConvChain"]
+    for chain in chains:
+        first, second = (before[n] for n in chain.name.split("+"))
+        assert chain.outputs == [first.outputs[0], second.outputs[0]] and second.name not in {la.name for la in
+                                                                                              net.layers}
+        assert chain.inputs[:5] == first.inputs[:5] and chain.inputs[5:] == second.inputs[1:4]
+        assert chain.attrs["out2_scale"] == second.attrs["out_scale"] and chain.attrs["res_scale"] is not None
+        assert chain.attrs["activation2"] == second.attrs["activation"] == "Relu"
+        assert set(first.origin + second.origin) == set(chain.origin)
+    fused = Engine(net, engine.config, engine.device)
+    assert np.array_equal(fused.run({"x": x})["y"], engine.run({"x": x})["y"])  # the same arithmetic, fused
+
+
+def test_pass_leaves_what_the_kernel_cannot_take(tmp_path):
+    engine, _ = _build(tmp_path)
+    assert fuse_conv_chain(copy_network(engine.network), lambda *shape: False) == 0
+    seen = []
+    fuse_conv_chain(copy_network(engine.network), lambda *shape: seen.append(shape) or False)
+    assert seen and all(shape[:3] == (8, 16, 8) and shape[3] for shape in seen)  # (K, N, N2, residual)
+    net = copy_network(engine.network)
+    for la in net.layers:  # the second conv reading at another scale than the first wrote
+        if la.kind == "QuantConv" and la.attrs.get("x_scale") is not None:
+            la.attrs["x_scale"] *= 1.5
+    assert fuse_conv_chain(net, ANY) == 0
+
+
+@pytest.mark.parametrize("residual,bias2", [(True, True), (False, False)])
+def test_split_tactic_gives_the_reference_bits(residual, bias2):
+    g = torch.Generator().manual_seed(1)
+    spec, inputs, want = _chain_case(g, residual=residual, bias2=bias2)
+    t = registry.get("triton_int8_conv_chain")
+    assert t.supports(spec, CPU) is None
+    for cfg in t.configs(spec, CPU, 2)[:2]:
+        got = t.compile(spec, cfg, CPU)(inputs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), cfg
+
+
+def test_chain_tactics_refuse_what_they_cannot_run():
+    g = torch.Generator().manual_seed(2)
+    spec, _, _ = _chain_case(g)
+    sig = LayerSpec(spec.name, spec.kind, dict(spec.attrs, activation2="Sigmoid"), spec.inputs, spec.outputs)
+    assert registry.get("triton_int8_conv_chain").supports(sig, CPU) is None  # its Triton epilogue has it
+    if int8_gemm_chain.available():
+        assert "activations" in registry.get("triton_int8_conv_chain_wgmma").supports(sig, CPU)
+    floats = LayerSpec(spec.name, spec.kind, dict(spec.attrs, out2_scale=None), spec.inputs, spec.outputs)
+    assert "int8 outputs" in registry.get("triton_int8_conv_chain").supports(floats, CPU)
+
+
+def test_configs_fit_shared_memory_and_refuse_long_reductions():
+    """ResNet-50's layer-1 and layer-2 chains get tiles whose shared memory fits; K past one 128-byte box row, N2
+    past one wgmma, or weights too big for shared memory get none."""
+    for k, n, n2 in [(64, 256, 64), (64, 256, 128), (128, 512, 128)]:
+        cfgs = int8_gemm_chain.configs(200704, k, n, n2, SMEM, True)
+        assert cfgs and all(int8_gemm_chain.smem_bytes(c, k, n, n2, True) <= SMEM for c in cfgs), (k, n, n2)
+    assert int8_gemm_chain.configs(None, 256, 1024, 256, SMEM, True) == []  # layer 3: weights too big
+    assert int8_gemm_chain.configs(None, 160, 256, 64, SMEM, True) == []
+    assert int8_gemm_chain.configs(None, 64, 256, 512, SMEM, True) == []
+
+
+def _desc_sig(block):
+    from triton.experimental.gluon import language as gl
+    return f"tensordesc<i8[{','.join(map(str, block))}],{gl.NVMMASharedLayout.get_default_for(block, gl.int8)!r}>"
+
+
+@pytest.mark.skipif(not int8_gemm_chain.available(), reason="this triton has no Gluon")
+def test_chain_kernel_compiles_for_hopper():
+    """AOT compile for sm90 (no GPU needed), ResNet-50 layer 1's first tiles: wgmma for both GEMMs, TMA loads and
+    stores, products and sums rounded apart (no FMA), no register spills to local memory, shared memory as
+    smem_bytes counts it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    k, n, n2 = 64, 256, 64
+    for cfg in int8_gemm_chain.configs(None, k, n, n2, SMEM, True)[:2]:
+        bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+        sig = {"a_desc": _desc_sig([bm, k]), "w_desc": _desc_sig([bn, k]), "r_desc": _desc_sig([bm, bn]),
+               "w2_desc": _desc_sig([n2, bn]), "y_desc": _desc_sig([bm, bn]), "z_desc": _desc_sig([bm, n2]),
+               "scale": "*fp32", "bias": "*fp32", "scale2": "*fp32", "bias2": "*fp32", "M": "i32", "out_inv": "fp32",
+               "res_scale": "fp32", "out2_inv": "fp32"}
+        consts = {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu", "HAS_BIAS2": True, "ACT2": "relu", "NC": n // bn,
+                  "STAGES": cfg["STAGES"], "RSTAGES": cfg["RSTAGES"]}
+        kernel = triton.compile(GluonASTSource(int8_gemm_chain._chain_kernel, sig | dict.fromkeys(consts, "constexpr"),
+                                               consts), target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})
+        ptx = kernel.asm["ptx"]
+        assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared" in ptx, cfg
+        assert "fma.rn.f32" not in ptx and ".local" not in ptx, cfg
+        assert abs(kernel.metadata.shared - int8_gemm_chain.smem_bytes(cfg, k, n, n2, True)) < 256, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,n,n2", [(64, 256, 64), (64, 256, 128), (128, 512, 128)])
+@pytest.mark.parametrize("pixels,residual", [((2, 14, 14), True), ((3, 7, 9), True), ((1, 5, 5), False)])
+def test_gpu_chain_kernel_gives_the_reference_bits(k, n, n2, pixels, residual):
+    """Every config, ragged row counts, with and without a residual: both outputs bit for bit."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a Hopper GPU (wgmma, TMA)")
+    if not int8_gemm_chain.available():
+        pytest.skip("this triton has no Gluon")
+    from kiln.builder.device import Device
+    dev = Device("cuda", "cuda", "cuda:0")
+    g = torch.Generator().manual_seed(3)
+    spec, inputs, want = _chain_case(g, pixels, k, n, n2, device="cuda", residual=residual)
+    t = registry.get("triton_int8_conv_chain_wgmma")
+    assert t.supports(spec, dev) is None
+    for cfg in t.configs(spec, dev, 3):
+        got = t.compile(spec, cfg, dev)(inputs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), cfg
