@@ -116,12 +116,20 @@ def test_chain_tactics_refuse_what_they_cannot_run():
     assert "int8 outputs" in registry.get("triton_int8_conv_chain").supports(floats, CPU)
 
 
-def test_configs_fit_shared_memory_and_refuse_long_reductions():
-    """ResNet-50's layer-1 and layer-2 chains get tiles whose shared memory fits; K past one 128-byte box row, N2
-    past one wgmma, or weights too big for shared memory get none."""
+def test_configs_fit_shared_memory_and_refuse_long_reductions(monkeypatch):
+    """ResNet-50's layer-1 and layer-2 chains get tiles whose shared memory fits (as many programs to an SM as the
+    config says); K past one 128-byte box row, N2 past one wgmma, or weights too big for shared memory get none;
+    the tactic offers the kernel's configs for the spec's shapes."""
     for k, n, n2 in [(64, 256, 64), (64, 256, 128), (128, 512, 128)]:
         cfgs = int8_gemm_chain.configs(200704, k, n, n2, SMEM, True)
-        assert cfgs and all(int8_gemm_chain.smem_bytes(c, k, n, n2, True) <= SMEM for c in cfgs), (k, n, n2)
+        assert cfgs and all(c["stream"] * int8_gemm_chain.smem_bytes(c, k, n, n2, True) <= SMEM for c in cfgs)
+    assert any(c["stream"] == 2 for c in int8_gemm_chain.configs(200704, 64, 256, 64, SMEM, True))
+    spec, _, _ = _chain_case(torch.Generator().manual_seed(4), (2, 14, 14), 64, 256, 64)
+    from kiln.tactics import triton_int8_chain
+    monkeypatch.setattr(triton_int8_chain, "smem_limit", lambda device: SMEM)
+    want = int8_gemm_chain.configs(2 * 14 * 14, 64, 256, 64, SMEM, True)
+    assert [{k: c[k] for k in int8_gemm_chain.CONFIG_KEYS} for c in triton_int8_chain._wgmma_configs(spec, CPU, 3)] \
+        == want
     assert int8_gemm_chain.configs(None, 256, 1024, 256, SMEM, True) == []  # layer 3: weights too big
     assert int8_gemm_chain.configs(None, 160, 256, 64, SMEM, True) == []
     assert int8_gemm_chain.configs(None, 64, 256, 512, SMEM, True) == []

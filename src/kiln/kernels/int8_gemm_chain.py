@@ -15,7 +15,7 @@ from kiln.kernels import int8_gemm_wgmma as wg
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "STAGES", "RSTAGES", "num_warps")
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "STAGES", "RSTAGES", "num_warps", "stream")  # stream: programs per SM
 # (BLOCK_M, BLOCK_N, num_warps): the chunk's accumulator and the second GEMM's [BLOCK_M, N2] live at once
 _SPACE = [(128, 64, 8), (64, 64, 4), (128, 64, 4), (128, 128, 8), (64, 128, 4)]
 MAX_N2 = 256  # the second GEMM's output channels: one wgmma's N, one TMA box row
@@ -143,21 +143,23 @@ def smem_bytes(cfg: dict, k: int, n: int, n2: int, residual: bool) -> int:
 
 
 def configs(m: int | None, k: int, n: int, n2: int, smem: int, residual: bool) -> list[dict]:
-    """Tiles whose weights, rings and output tiles fit `smem` (one program to a multiprocessor), the residual ring
-    as deep as fits up to eight chunks (one tile ahead and more); none unless K is 16..128 (one TMA box row) in
-    whole 32-wide wgmma steps, N a multiple of 64 and N2 of 16 within one wgmma."""
+    """Tiles whose weights, rings and output tiles fit `smem` two programs to a multiprocessor (one's latencies hidden
+    behind the other's work), then one; the residual ring as deep as fits up to eight chunks; none unless K is
+    32..128 (one TMA box row) in whole 32-wide wgmma steps, N a multiple of 64 and N2 of 16 within one wgmma."""
     if k % 32 or k > 128 or n % 64 or n2 % 16 or n2 > MAX_N2:
         return []
     out = []
-    for stages in (2, 3):
-        for bm, bn, warps in _SPACE:
-            if n % bn or (m is not None and bm > max(64, triton.next_power_of_2(m))):
-                continue
-            for rstages in (8, 6, 4, 3, 2):
-                cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "RSTAGES": rstages, "num_warps": warps}
-                if smem_bytes(cfg, k, n, n2, residual) <= smem:
-                    out.append(cfg)
-                    break
+    for per_sm in (2, 1):
+        for stages in (2, 3):
+            for bm, bn, warps in _SPACE:
+                if n % bn or (m is not None and bm > max(64, triton.next_power_of_2(m))):
+                    continue
+                for rstages in (8, 6, 4, 3, 2):
+                    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "RSTAGES": rstages, "num_warps": warps,
+                           "stream": per_sm}
+                    if per_sm * (smem_bytes(cfg, k, n, n2, residual) + 1024) <= smem:
+                        out.append(cfg)
+                        break
     return out
 
 
@@ -189,7 +191,7 @@ def chain(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Ten
         return y, z
     r = residual if residual is not None else y
     tiles = triton.cdiv(m, bm)
-    _chain_kernel[(min(tiles, wg._programs(a.device)),)](
+    _chain_kernel[(min(tiles, config.get("stream", 1) * wg._programs(a.device)),)](
         wg._desc(a, [bm, k]), wg._desc(w, [bn, k]), wg._desc(r, [bm, bn]), wg._desc(w2, [n2, bn]),
         wg._desc(y, [bm, bn]), wg._desc(z, [bm, n2]), scale, bias if bias is not None else scale, scale2,
         bias2 if bias2 is not None else scale2, m, inv_scale(out_scale), float(res_scale or 1.0),

@@ -95,9 +95,9 @@ def _supports_wgmma(spec: LayerSpec, device) -> str | None:
 
 
 def _wgmma_configs(spec: LayerSpec, device, level: int):
-    out = spec.outputs[0].shape
-    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_chain.configs(out[0] * out[2] * out[3], *_shape(spec),
-                                                                         smem_limit(device))]
+    out, (k, n, n2, residual) = spec.outputs[0].shape, _shape(spec)
+    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_chain.configs(out[0] * out[2] * out[3], k, n, n2,
+                                                                         smem_limit(device), residual)]
 
 
 def _compile_wgmma(spec: LayerSpec, config, device):
