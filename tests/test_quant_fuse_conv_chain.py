@@ -184,3 +184,13 @@ def test_gpu_chain_kernel_gives_the_reference_bits(k, n, n2, pixels, residual):
     for cfg in t.configs(spec, dev, 3):
         got = t.compile(spec, cfg, dev)(inputs)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), cfg
+
+
+def test_the_build_fuses_only_chains_that_run_two_programs_to_an_sm(monkeypatch):
+    """Measured on an H100 (results/int8-chain-probe-…): layer 1's chains beat the two GEMMs, layer 2's (weights
+    128 KiB: one program to an SM) lost; `fits` says so from shared memory alone."""
+    from kiln.tactics import triton_int8_chain
+    monkeypatch.setattr(triton_int8_chain, "smem_limit", lambda device: SMEM)
+    fits = triton_int8_chain.fits(CPU)
+    assert fits(64, 256, 64, True) and fits(64, 256, 128, True)
+    assert not fits(128, 512, 128, True) and not fits(256, 1024, 256, True)
