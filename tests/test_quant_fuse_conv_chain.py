@@ -19,23 +19,30 @@ from kiln.tactics.spec import LayerSpec, ValueSpec
 from test_kernels_int8 import CPU, EPI
 from test_quant_int8_residual import Bottleneck, small_resnet
 
-CONSTS = (1, 2, 3, 5, 6, 7)  # weights, scales, biases
+CONSTS = (1, 2, 3, 5, 6, 7, 9, 10, 11)  # weights, scales, biases
 ANY = lambda *shape: True  # noqa: E731  (every shape fits)
 SMEM = 227 * 1024  # an H100's shared memory per block
 
 
-def _chain_case(g, m_pixels=(2, 5, 7), k=32, n=64, n2=16, device="cpu", residual=True, bias2=True):
-    """A QuantConvChain spec over an [N, K, H, W] map and its inputs and reference outputs."""
+def _chain_case(g, m_pixels=(2, 5, 7), k=32, n=64, n2=16, device="cpu", residual=True, bias2=True, kx=0):
+    """A QuantConvChain spec over an [N, K, H, W] map and its inputs and reference outputs; with kx, the first conv
+    a pair whose stride-1 shortcut conv reads a kx-channel map (no residual)."""
     b, h, w = m_pixels
     i8 = lambda *s: torch.randint(-127, 128, s, generator=g, dtype=torch.int8)  # noqa: E731
     nhwc = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
-    inputs = [nhwc(i8(b, k, h, w)), i8(n, k, 1, 1), torch.rand(n, generator=g) * 1e-3 + 1e-4, torch.randn(n, generator=g),
+    inputs = [nhwc(i8(b, k, h, w)), i8(n, k, 1, 1), torch.rand(n, generator=g) * 1e-3 + 1e-4,
+              torch.randn(n, generator=g),
               nhwc(i8(b, n, h, w)) if residual else None, i8(n2, n, 1, 1), torch.rand(n2, generator=g) * 1e-3 + 1e-4,
               torch.randn(n2, generator=g) if bias2 else None]
+    if kx:
+        inputs[4] = None
+        inputs += [nhwc(i8(b, kx, h, w)), i8(n, kx, 1, 1), torch.rand(n, generator=g) * 1e-3 + 1e-4,
+                   torch.randn(n, generator=g)]
     inputs = [None if t is None else t.to(device) for t in inputs]
     attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4,
              "strides": [1, 1], "x_scale": 0.1, "out_scale": 0.3, "out2_scale": 0.2, "activation2": "Relu",
-             "activation2_params": []} | EPI | {"activation": "Relu"} | ({"res_scale": 0.25} if residual else {})
+             "activation2_params": []} | EPI | {"activation": "Relu"} | ({"res_scale": 0.25} if residual and not kx else {}) \
+        | ({"x2_scale": 0.07, "strides2": [1, 1]} if kx else {})
     want = run_reference("QuantConvChain", inputs, attrs)
     vals = tuple(None if t is None else ValueSpec(DType.from_torch(t.dtype), tuple(t.shape),
                                                   t if i in CONSTS else None) for i, t in enumerate(inputs))
@@ -62,6 +69,14 @@ def test_chain_reference_is_the_two_convs():
     assert (z >= 0).all() and z.any()  # the second conv's ReLU, and not all zeros
 
 
+def test_chain_reference_after_a_pair_is_the_pair_then_the_conv():
+    g = torch.Generator().manual_seed(5)
+    spec, inputs, (y, z) = _chain_case(g, kx=48)
+    pair = run_reference("QuantConvPair", inputs[:4] + inputs[8:], spec.attrs)[0]
+    assert torch.equal(y, pair) and torch.equal(z, run_reference("QuantConv", [pair, *inputs[5:8]],
+                                                                 second_attrs(spec.attrs))[0])
+
+
 def test_pass_fuses_each_block_s_last_conv_with_the_next_block_s_first(tmp_path):
     engine, x = _build(tmp_path)
     assert not any(la.kind == "QuantConvChain" for la in engine.network.layers)
@@ -81,12 +96,46 @@ def test_pass_fuses_each_block_s_last_conv_with_the_next_block_s_first(tmp_path)
     assert np.array_equal(fused.run({"x": x})["y"], engine.run({"x": x})["y"])  # the same arithmetic, fused
 
 
+class _StrideOneProjection(torch.nn.Module):
+    """A bottleneck whose shortcut is a stride-1 1x1 conv (ResNet's layer-1 projection block)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(c, c, 1), torch.nn.Conv2d(c, c, 3, padding=1)
+        self.conv3, self.down = torch.nn.Conv2d(c, 2 * c, 1), torch.nn.Conv2d(c, 2 * c, 1)
+
+    def forward(self, x):
+        return torch.relu(self.conv3(torch.relu(self.conv2(torch.relu(self.conv1(x))))) + self.down(x))
+
+
+def test_pass_fuses_a_stride_one_pair_with_the_next_block_s_first_conv(tmp_path):
+    """Layer 1's projection block: its pair (quant/fuse_conv_pair.py) then the next block's first conv, one chain
+    with the pair's shortcut conv as inputs 8-11; the same bits as the pair alone."""
+    import kiln
+    from kiln.quant.fuse_conv_pair import fuse_conv_pair
+    path, x = small_resnet(tmp_path, lambda: (_StrideOneProjection(16), Bottleneck(32)), 32, "pairchain")
+    engine = kiln.build(path, kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu", calibrator="minmax",
+                                                           int8=True, calib=str(tmp_path / "calib.npz")))
+    paired = copy_network(engine.network)
+    assert fuse_conv_pair(paired) == 1
+    pair = next(la for la in paired.layers if la.kind == "QuantConvPair")
+    chained = copy_network(paired)
+    seen = []
+    assert fuse_conv_chain(chained, lambda *shape: seen.append(shape) or True) == 1
+    assert seen[0] == (16, 32, 16, False, 16)  # (K, N, N2, residual, the shortcut's K)
+    chain = next(la for la in chained.layers if la.kind == "QuantConvChain")
+    assert chain.name.startswith(pair.name + "+") and chain.inputs[:4] == pair.inputs[:4] and not chain.inputs[4]
+    assert chain.inputs[8:] == pair.inputs[4:8] and chain.attrs["x2_scale"] == pair.attrs["x2_scale"]
+    got = Engine(chained, engine.config, engine.device).run({"x": x})["y"]
+    assert np.array_equal(got, Engine(paired, engine.config, engine.device).run({"x": x})["y"])
+
+
 def test_pass_leaves_what_the_kernel_cannot_take(tmp_path):
     engine, _ = _build(tmp_path)
     assert fuse_conv_chain(copy_network(engine.network), lambda *shape: False) == 0
     seen = []
     fuse_conv_chain(copy_network(engine.network), lambda *shape: seen.append(shape) or False)
-    assert seen and all(shape[:3] == (8, 16, 8) and shape[3] for shape in seen)  # (K, N, N2, residual)
+    assert seen and all(shape == (8, 16, 8, True, 0) for shape in seen)  # (K, N, N2, residual, KX)
     net = copy_network(engine.network)
     for la in net.layers:  # the second conv reading at another scale than the first wrote
         if la.kind == "QuantConv" and la.attrs.get("x_scale") is not None:
@@ -94,10 +143,10 @@ def test_pass_leaves_what_the_kernel_cannot_take(tmp_path):
     assert fuse_conv_chain(net, ANY) == 0
 
 
-@pytest.mark.parametrize("residual,bias2", [(True, True), (False, False)])
-def test_split_tactic_gives_the_reference_bits(residual, bias2):
+@pytest.mark.parametrize("residual,bias2,kx", [(True, True, 0), (False, False, 0), (False, True, 48)])
+def test_split_tactic_gives_the_reference_bits(residual, bias2, kx):
     g = torch.Generator().manual_seed(1)
-    spec, inputs, want = _chain_case(g, residual=residual, bias2=bias2)
+    spec, inputs, want = _chain_case(g, residual=residual, bias2=bias2, kx=kx)
     t = registry.get("triton_int8_conv_chain")
     assert t.supports(spec, CPU) is None
     for cfg in t.configs(spec, CPU, 2)[:2]:
@@ -141,36 +190,41 @@ def _desc_sig(block):
 
 
 @pytest.mark.skipif(not int8_gemm_chain.available(), reason="this triton has no Gluon")
-def test_chain_kernel_compiles_for_hopper():
-    """AOT compile for sm90 (no GPU needed), ResNet-50 layer 1's first tiles: wgmma for both GEMMs, TMA loads and
-    stores, products and sums rounded apart (no FMA), no register spills to local memory, shared memory as
-    smem_bytes counts it."""
+@pytest.mark.parametrize("residual,kx", [(True, 0), (False, 64)])
+def test_chain_kernel_compiles_for_hopper(residual, kx):
+    """AOT compile for sm90 (no GPU needed), ResNet-50 layer 1's first tiles, after a conv with a residual or a
+    pair: wgmma for every GEMM, TMA loads and stores, products and sums rounded apart (no FMA), no register spills
+    to local memory, shared memory as smem_bytes counts it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     k, n, n2 = 64, 256, 64
-    for cfg in int8_gemm_chain.configs(None, k, n, n2, SMEM, True)[:2]:
+    for cfg in int8_gemm_chain.configs(None, k, n, n2, SMEM, residual, kx)[:2]:
         bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
         sig = {"a_desc": _desc_sig([bm, k]), "w_desc": _desc_sig([bn, k]), "r_desc": _desc_sig([bm, bn]),
                "w2_desc": _desc_sig([n2, bn]), "y_desc": _desc_sig([bm, bn]), "z_desc": _desc_sig([bm, n2]),
-               "scale": "*fp32", "bias": "*fp32", "scale2": "*fp32", "bias2": "*fp32", "M": "i32", "out_inv": "fp32",
-               "res_scale": "fp32", "out2_inv": "fp32"}
-        consts = {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu", "HAS_BIAS2": True, "ACT2": "relu", "NC": n // bn,
-                  "STAGES": cfg["STAGES"], "RSTAGES": cfg["RSTAGES"]}
+               "x_desc": _desc_sig([bm, kx or k]), "wx_desc": _desc_sig([bn, kx or k])}
+        sig |= dict.fromkeys("scale bias scale2 bias2 scale_x bias_x".split(), "*fp32")
+        sig |= {"M": "i32", "out_inv": "fp32", "res_scale": "fp32", "out2_inv": "fp32"}
+        consts = {"HAS_BIAS": True, "HAS_RES": residual, "ACT": "relu", "HAS_BIAS2": True, "ACT2": "relu",
+                  "HAS_X": bool(kx), "HAS_BIAS_X": bool(kx), "NC": n // bn, "STAGES": cfg["STAGES"],
+                  "RSTAGES": cfg["RSTAGES"]}
         kernel = triton.compile(GluonASTSource(int8_gemm_chain._chain_kernel, sig | dict.fromkeys(consts, "constexpr"),
                                                consts), target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})
         ptx = kernel.asm["ptx"]
-        assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared" in ptx, cfg
+        assert ptx.count("wgmma.mma_async") >= (3 if kx else 2) and "cp.async.bulk.tensor.2d.global.shared" in ptx
         assert "fma.rn.f32" not in ptx and ".local" not in ptx, cfg
-        assert abs(kernel.metadata.shared - int8_gemm_chain.smem_bytes(cfg, k, n, n2, True)) < 256, cfg
+        assert 0 <= int8_gemm_chain.smem_bytes(cfg, k, n, n2, residual, kx) - kernel.metadata.shared < 256, cfg
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k,n,n2", [(64, 256, 64), (64, 256, 128), (128, 512, 128)])
-@pytest.mark.parametrize("pixels,residual", [((2, 14, 14), True), ((3, 7, 9), True), ((1, 5, 5), False)])
-def test_gpu_chain_kernel_gives_the_reference_bits(k, n, n2, pixels, residual):
-    """Every config, ragged row counts, with and without a residual: both outputs bit for bit."""
+@pytest.mark.parametrize("pixels,residual,kx", [((2, 14, 14), True, 0), ((3, 7, 9), True, 0), ((1, 5, 5), False, 0),
+                                                ((3, 7, 9), False, 64)])
+def test_gpu_chain_kernel_gives_the_reference_bits(k, n, n2, pixels, residual, kx):
+    """Every config, ragged row counts, with a residual, none, or a pair's shortcut conv: both outputs bit for
+    bit."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs a Hopper GPU (wgmma, TMA)")
     if not int8_gemm_chain.available():
@@ -178,7 +232,7 @@ def test_gpu_chain_kernel_gives_the_reference_bits(k, n, n2, pixels, residual):
     from kiln.builder.device import Device
     dev = Device("cuda", "cuda", "cuda:0")
     g = torch.Generator().manual_seed(3)
-    spec, inputs, want = _chain_case(g, pixels, k, n, n2, device="cuda", residual=residual)
+    spec, inputs, want = _chain_case(g, pixels, k, n, n2, device="cuda", residual=residual, kx=kx)
     t = registry.get("triton_int8_conv_chain_wgmma")
     assert t.supports(spec, dev) is None
     for cfg in t.configs(spec, dev, 3):

@@ -32,7 +32,8 @@ from kiln.kinds.fused import activate
 from kiln.kinds.registry import kind
 
 QMAX = 127
-KINDS = ("QuantConv", "QuantGemm", "QuantConvPair", "QuantConvChain")  # the quantized layer kinds (weights of the quantized type)
+# the quantized layer kinds (weights of the quantized type)
+KINDS = ("QuantConv", "QuantGemm", "QuantConvPair", "QuantConvChain")
 
 
 def inv_scale(out_scale: float) -> float:
@@ -117,14 +118,18 @@ def quant_conv_chain(inputs, attrs):
     """A quantized conv and the 1x1 quantized conv that reads its output, as one layer with both outputs (a
     bottleneck's last conv and the next block's first, quant/fuse_conv_chain.py): inputs X_q, W_q, w_scale, bias,
     residual as QuantConv's (attrs its own), then W2_q, w2_scale, bias2 of the second conv, which reads the first's
-    output at x_scale = out_scale and has out2_scale, activation2, activation2_params. Outputs (y, z)."""
-    y = quant_conv(inputs[:5], attrs)
+    output at x_scale = out_scale and has out2_scale, activation2, activation2_params; the first may instead be a
+    QuantConvPair, its second conv's X2_q, W2_q, w2_scale, bias2 then inputs 8-11 (attrs x2_scale, strides2) and no
+    residual. Outputs (y, z)."""
+    pair = len(inputs) > 8 and inputs[8] is not None
+    y = quant_conv_pair(inputs[:4] + list(inputs[8:12]), attrs) if pair else quant_conv(inputs[:5], attrs)
     return y, quant_conv([y, *inputs[5:8]], second_attrs(attrs))
 
 
 def second_attrs(attrs) -> dict:
     """A QuantConvChain's second conv as QuantConv attributes: 1x1, stride 1, unpadded, reading the first's output."""
-    return {k: v for k, v in attrs.items() if k not in ("res_scale", "out2_scale", "activation2", "activation2_params")} \
+    drop = ("res_scale", "out2_scale", "activation2", "activation2_params", "x2_scale", "strides2")
+    return {k: v for k, v in attrs.items() if k not in drop} \
         | {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1, "auto_pad": "NOTSET",
            "kernel_shape": [1, 1], "x_scale": attrs["out_scale"], "out_scale": attrs["out2_scale"],
            "activation": attrs["activation2"], "activation_params": attrs["activation2_params"]}

@@ -4,8 +4,9 @@
     y = QuantConv(h, R=r){out_scale=s_y};  z = QuantConv(y){x_scale=s_y}   ⇒   y, z = QuantConvChain(h, r)
 
 so that y (ResNet-50 layer 1: 51 MB at batch 64), still written for its other readers, is not read back for z.
-Both stride 1, unpadded, group 1, int8 in and out; the second without residual; `fits` says which shapes the
-kernel takes.
+Both stride 1, unpadded, group 1, int8 in and out; the second without residual; the first may be a QuantConvPair
+of two stride-1 convs (layer 1's projection block, quant/fuse_conv_pair.py); `fits` says which shapes the kernel
+takes.
 """
 
 from __future__ import annotations
@@ -22,23 +23,32 @@ def _gemm(net: Network, layer: Layer) -> bool:
         layer.attrs.get("out_scale") is not None
 
 
-def fuse_conv_chain(net: Network, fits: Callable[[int, int, int, bool], bool]) -> int:
-    """Fuse every such chain whose (K, N, N2, residual) `fits` in place; how many."""
+def _pair(net: Network, layer: Layer) -> bool:
+    """A QuantConvPair (int8 by construction) of two stride-1 convs: both GEMMs over the same rows."""
+    return layer.kind == "QuantConvPair" and layer.attrs.get("out_scale") is not None and \
+        tuple(layer.attrs.get("strides", (1, 1))) == (1, 1) == tuple(layer.attrs.get("strides2", (1, 1)))
+
+
+def fuse_conv_chain(net: Network, fits: Callable[[int, int, int, bool, int], bool]) -> int:
+    """Fuse every such chain whose (K, N, N2, residual, K of a pair's second conv or 0) `fits` in place; how many."""
     consumers, fused, removed = net.consumers(), 0, set()
     for y in list(net.layers):
-        if y.name in removed or not _gemm(net, y) or (y.attrs.get("res_scale") is None and len(y.inputs) > RESIDUAL
-                                 and y.inputs[RESIDUAL]):
+        if y.name in removed or not (_gemm(net, y) or _pair(net, y)) or (y.attrs.get("res_scale") is None and len(
+                y.inputs) > RESIDUAL and y.inputs[RESIDUAL] and y.kind == "QuantConv"):
             continue
-        residual = len(y.inputs) > RESIDUAL and bool(y.inputs[RESIDUAL])
+        pair = y.kind == "QuantConvPair"
+        residual = not pair and len(y.inputs) > RESIDUAL and bool(y.inputs[RESIDUAL])
         (n, k), out = net.constants[y.inputs[1]].shape[:2], y.outputs[0]
+        kx = net.constants[y.inputs[5]].shape[1] if pair else 0
         z = next((c for c in consumers.get(out, []) if _gemm(net, c) and c.inputs[0] == out and out not in c.inputs[1:]
                   and not (len(c.inputs) > RESIDUAL and c.inputs[RESIDUAL]) and c.attrs["x_scale"] == y.attrs[
-                      "out_scale"] and fits(k, n, net.constants[c.inputs[1]].shape[0], residual)), None)
+                      "out_scale"] and fits(k, n, net.constants[c.inputs[1]].shape[0], residual, kx)), None)
         if z is None:
             continue
         attrs = y.attrs | {"out2_scale": z.attrs["out_scale"], "activation2": z.attrs.get("activation", "none"),
                            "activation2_params": list(z.attrs.get("activation_params", []))}
-        inputs = (list(y.inputs) + [""] * 5)[:5] + _inputs(z)[1:]
+        first = y.inputs[:4] + [""] if pair else (list(y.inputs) + [""] * 5)[:5]
+        inputs = first + _inputs(z)[1:] + (y.inputs[4:8] if pair else [])
         net.layers[net.layers.index(y)] = Layer(f"{y.name}+{z.name}", "QuantConvChain", inputs, [out, z.outputs[0]],
                                                 attrs, y.precision, y.origin + z.origin)
         net.layers.remove(z)

@@ -1,6 +1,6 @@
-"""QuantConvChain (an int8 1x1 conv and the 1x1 conv reading its output, quant/fuse_conv_chain.py): through the
-Gluon chain kernel (kernels/int8_gemm_chain.py, Hopper: the first output is written once and never read back), or,
-on any GPU, as two Triton implicit-GEMM convs (kernels/int8_conv.py), the second reading the first's output."""
+"""QuantConvChain (an int8 1x1 conv, or conv pair, and the 1x1 conv reading its output, quant/fuse_conv_chain.py):
+through the Gluon chain kernel (kernels/int8_gemm_chain.py, Hopper: the first output is written once and never read
+back), or, on any GPU, as Triton implicit-GEMM convs (kernels/int8_conv.py), the second reading the first's output."""
 
 from __future__ import annotations
 
@@ -15,15 +15,21 @@ from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_gemm import _epilogue
 from kiln.tactics.triton_int8_tma import _device_reason
 
-X, W, W_SCALE, BIAS, R, W2, W2_SCALE, BIAS2 = range(8)  # QuantConvChain's inputs
+X, W, W_SCALE, BIAS, R, W2, W2_SCALE, BIAS2, XS, WS, WS_SCALE, BIAS_S = range(12)  # QuantConvChain's inputs
+
+
+def _input(spec: LayerSpec, k: int):
+    """Input k's spec, None when absent (a chain without a pair's shortcut conv has eight inputs)."""
+    return spec.inputs[k] if len(spec.inputs) > k else None
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
-    a, i = spec.attrs, spec.inputs
+    a, i = spec.attrs, [_input(spec, k) for k in range(12)]
     if spec.kind != "QuantConvChain" or int8_lowering.qtype(spec) is not INT8:
         return "int8 QuantConvChain only"
-    if any(i[k] is None or i[k].const is None for k in (W, W_SCALE, W2, W2_SCALE)) or any(
-            i[k] is not None and i[k].const is None for k in (BIAS, BIAS2)):
+    consts = (W, W_SCALE, W2, W2_SCALE) + ((WS, WS_SCALE) if i[XS] is not None else ())
+    if any(i[k] is None or i[k].const is None for k in consts) or any(
+            i[k] is not None and i[k].const is None for k in (BIAS, BIAS2, BIAS_S)):
         return "weights, scales and biases must be build-time constants"
     if rank(i[X]) != 4 or not i[X].static:
         return "2-D convolutions with static shapes only"
@@ -36,11 +42,22 @@ def _supports(spec: LayerSpec, device) -> str | None:
 
 
 def _constants(spec: LayerSpec):
-    """Both convs' [CO, C] weights, combined scales and biases (None when absent)."""
+    """Both convs' [CO, C] weights, combined scales and biases (None when absent), then the pair's shortcut conv's
+    (None when the chain has none)."""
     a, i = spec.attrs, spec.inputs
-    w, w2 = (i[k].const.reshape(i[k].const.shape[:2]).contiguous() for k in (W, W2))
-    return (w, int8_lowering.combined_scale(a["x_scale"], i[W_SCALE].const), int8_lowering.const_bias(spec, BIAS),
-            w2, int8_lowering.combined_scale(a["out_scale"], i[W2_SCALE].const), int8_lowering.const_bias(spec, BIAS2))
+    w, w2 = (_matrix(spec, k) for k in (W, W2))
+    out = (w, int8_lowering.combined_scale(a["x_scale"], i[W_SCALE].const), int8_lowering.const_bias(spec, BIAS),
+           w2, int8_lowering.combined_scale(a["out_scale"], i[W2_SCALE].const), int8_lowering.const_bias(spec, BIAS2))
+    if _input(spec, XS) is None:
+        return out + (None,)
+    return out + ((_matrix(spec, WS), int8_lowering.combined_scale(a["x2_scale"], i[WS_SCALE].const),
+                   int8_lowering.const_bias(spec, BIAS_S)),)
+
+
+def _matrix(spec: LayerSpec, k: int):
+    """A 1x1 conv weight input as [CO, C]."""
+    w = spec.inputs[k].const
+    return w.reshape(w.shape[:2]).contiguous()
 
 
 def _configs(spec: LayerSpec, device, level: int):
@@ -51,18 +68,22 @@ def _configs(spec: LayerSpec, device, level: int):
 
 def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
-    w, scale, bias, w2, scale2, bias2 = _constants(spec)
+    w, scale, bias, w2, scale2, bias2, shortcut = _constants(spec)
     w, w2 = (int8_conv.pack_weight(t[:, :, None, None]) for t in (w, w2))
+    if shortcut is not None:
+        shortcut = (int8_conv.pack_weight(shortcut[0][:, :, None, None]), *shortcut[1:])
     b = second_attrs(a)
-    conv = dict(kernel=(1, 1), strides=(1, 1), pads=[0] * 4, dilations=(1, 1),
-                config={k: config[k] for k in int8_conv.CONFIG_KEYS})
+    conv = dict(kernel=(1, 1), pads=[0] * 4, dilations=(1, 1), config={k: config[k] for k in int8_conv.CONFIG_KEYS})
 
     def run(inputs, out=None):
-        y = int8_conv.conv2d(inputs[X], w, scale, bias=bias,
-                             residual=inputs[R], out_scale=a["out_scale"], res_scale=a.get("res_scale"),
-                             **_acts(a), out=out[0] if out else None, **conv)
-        return [y, int8_conv.conv2d(y, w2, scale2, bias=bias2,
-                                    out_scale=b["out_scale"], **_acts(b), out=out[1] if out else None, **conv)]
+        r = inputs[R]
+        if shortcut is not None:  # the pair's second conv: its fp32 value as a float residual (triton_int8_pair)
+            ws, scale_s, bias_s = shortcut
+            r = int8_conv.conv2d(inputs[XS], ws, scale_s, strides=tuple(a["strides2"]), bias=bias_s, **conv)
+        y = int8_conv.conv2d(inputs[X], w, scale, strides=(1, 1), bias=bias, residual=r, out_scale=a["out_scale"],
+                             res_scale=a.get("res_scale"), **_acts(a), out=out[0] if out else None, **conv)
+        return [y, int8_conv.conv2d(y, w2, scale2, strides=(1, 1), bias=bias2, out_scale=b["out_scale"], **_acts(b),
+                                    out=out[1] if out else None, **conv)]
 
     return run
 
@@ -76,16 +97,19 @@ register(Tactic("triton_int8_conv_chain", ("QuantConvChain",), _compile, _suppor
                 writes_out=True))
 
 
-def _shape(spec: LayerSpec) -> tuple[int, int, int, bool]:
-    """(K, N, N2, residual) of the chain's two GEMMs."""
+def _shape(spec: LayerSpec) -> tuple[int, int, int, bool, int]:
+    """(K, N, N2, residual, K of the shortcut conv or 0) of the chain's GEMMs."""
     co, c = spec.inputs[W].const.shape[:2]
-    return c, co, spec.inputs[W2].const.shape[0], spec.inputs[R] is not None
+    ws = _input(spec, WS)
+    return c, co, spec.inputs[W2].const.shape[0], spec.inputs[R] is not None, 0 if ws is None else ws.const.shape[1]
 
 
 def _supports_wgmma(spec: LayerSpec, device) -> str | None:
     reason = _supports(spec, device) or _device_reason(device)
     if reason is None and not int8_gemm_chain.available():
         return "this triton has no Gluon"
+    if reason is None and _input(spec, XS) is not None and tuple(spec.attrs.get("strides2", (1, 1))) != (1, 1):
+        return "a stride-1 shortcut conv only (its rows are the first conv's)"
     if reason is None and any(_epilogue(a)[0] not in int8_gemm_chain.wg.ACTIVATIONS
                               for a in (spec.attrs, second_attrs(spec.attrs))):
         return f"activations {', '.join(int8_gemm_chain.wg.ACTIVATIONS)} only"
@@ -95,14 +119,14 @@ def _supports_wgmma(spec: LayerSpec, device) -> str | None:
 
 
 def _wgmma_configs(spec: LayerSpec, device, level: int):
-    out, (k, n, n2, residual) = spec.outputs[0].shape, _shape(spec)
+    out, (k, n, n2, residual, kx) = spec.outputs[0].shape, _shape(spec)
     return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_chain.configs(out[0] * out[2] * out[3], k, n, n2,
-                                                                         smem_limit(device), residual)]
+                                                                         smem_limit(device), residual, kx)]
 
 
 def _compile_wgmma(spec: LayerSpec, config, device):
     a = spec.attrs
-    w, scale, bias, w2, scale2, bias2 = _constants(spec)
+    w, scale, bias, w2, scale2, bias2, shortcut = _constants(spec)
     b = second_attrs(a)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
               out2_scale=b["out_scale"], activation2=_epilogue(b)[0],
@@ -113,7 +137,8 @@ def _compile_wgmma(spec: LayerSpec, config, device):
 
     def run(inputs, out=None):
         res = rows(inputs[R]) if inputs[R] is not None else None
-        y, z = int8_gemm_chain.chain(rows(inputs[X]), w, scale, bias, res, w2, scale2, bias2,
+        short = (rows(inputs[XS]), *shortcut) if shortcut is not None else None
+        y, z = int8_gemm_chain.chain(rows(inputs[X]), w, scale, bias, res, w2, scale2, bias2, shortcut=short,
                                      out=out[0] if out else None, out2=out[1] if out else None, **kw)
         return [back(y), back(z)]
 
@@ -125,9 +150,9 @@ register(Tactic("triton_int8_conv_chain_wgmma", ("QuantConvChain",), _compile_wg
 
 
 def fits(device):
-    """Whether the chain kernel runs two convs of (K, N, N2, residual) on `device` two programs to an SM, where the
+    """Whether the chain kernel runs convs of (K, N, N2, residual, KX) on `device` two programs to an SM, where the
     build fuses them: on an H100 (2026-11-24) ResNet-50's layer-1 chains ran 54 and 64 µs against 70 and 74 for the
     two GEMMs, its layer-2 chain, one program to an SM (the weights 128 KiB), 56 against 33."""
     smem = smem_limit(device)
-    return lambda k, n, n2, residual: any(c["stream"] > 1 for c in int8_gemm_chain.configs(None, k, n, n2, smem,
-                                                                                          residual))
+    return lambda k, n, n2, residual, kx=0: any(c["stream"] > 1 for c in int8_gemm_chain.configs(
+        None, k, n, n2, smem, residual, kx))
