@@ -2,8 +2,7 @@
 last 1x1 conv, whose output the next block's first 1x1 conv reads). Per tile of BLOCK_M rows, chunk by chunk of
 BLOCK_N output channels: acc = a @ w[chunk]ᵀ, y = int8(act(acc·scale + bias + r·res_scale)) into shared memory,
 stored by TMA and fed straight to the second wgmma, acc2 += y @ w2[:, chunk]ᵀ; then z = int8(act2(acc2·scale2 +
-bias2)), every int32 to fp32 by wg.exact_f32 (the conversions' quarter-rate unit bounded the epilogue). The
-weights stay in shared memory; rows come through a ring of STAGES tiles, residual chunks through a
+bias2)). The weights stay in shared memory; rows come through a ring of STAGES tiles, residual chunks through a
 ring of RSTAGES. In place of the residual y may add a shortcut conv of other rows (a QuantConvPair's: ResNet's
 layer-1 projection block). The block output (ResNet-50 layer 1: 51 MB at batch 64) is written once and never read back.
 """
@@ -132,26 +131,23 @@ if wg.gluon is not None:
                     acc_x = wg.warpgroup_mma(x_s.index(s), wx_s.index(j).permute((1, 0)),
                                              gl.zeros((BM, BN), gl.int32, layout=mma), is_async=True)
                     acc, acc_x, acc2 = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_x, acc2))
-                    v_x = wg.exact_f32(acc_x) * gl.expand_dims(gl.load(scale_x + rn), 0)
+                    v_x = acc_x.to(gl.float32) * gl.expand_dims(gl.load(scale_x + rn), 0)
                     if HAS_BIAS_X:
                         v_x += gl.expand_dims(gl.load(bias_x + rn), 0)
                 else:
                     acc, acc2 = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
-                v = wg.exact_f32(acc) * gl.expand_dims(gl.load(scale + rn), 0)
+                v = acc.to(gl.float32) * gl.expand_dims(gl.load(scale + rn), 0)
                 if HAS_BIAS:
                     v += gl.expand_dims(gl.load(bias + rn), 0)
                 if HAS_X:
                     v = v + v_x
                 if HAS_RES:
                     mbarrier.wait(bars.index(STAGES + c % RSTAGES), (c // RSTAGES) & 1)
-                    v += wg.exact_f32(r_s.index(c % RSTAGES).load(mma)) * res_scale
+                    v += r_s.index(c % RSTAGES).load(mma).to(gl.float32) * res_scale
                 _store(wg._activate_requant(v, out_inv, ACT), y_s.index(j), y_desc, [off_m, j * BN], NC)
                 acc2 = wg.warpgroup_mma(y_s.index(j), w2_s.index(j).permute((1, 0)), acc2, is_async=True)
             acc2 = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc2,))
-            if NC * BN <= 256:  # the second GEMM's sums within ±2²²
-                v2 = wg.exact_f32(acc2) * col_scale2
-            else:
-                v2 = acc2.to(gl.float32) * col_scale2
+            v2 = acc2.to(gl.float32) * col_scale2
             if HAS_BIAS2:
                 v2 += col_bias2
             _store(wg._activate_requant(v2, out2_inv, ACT2), z_s, z_desc, [off_m, 0], NC)

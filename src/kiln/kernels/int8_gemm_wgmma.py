@@ -228,12 +228,6 @@ if gluon is not None:
         return _activate_requant(v, out_inv, ACT)
 
     @gluon.jit
-    def exact_f32(q):
-        """An integer tile with |q| ≤ 2²² (an int8 value, or an int8 GEMM's sum over K ≤ 256) → fp32 exactly: the bits
-        of 1.5·2²³ + q less 1.5·2²³, an integer and a float add where a conversion takes the quarter-rate unit."""
-        return (q.to(gl.int32) + MAGIC_BITS).to(gl.float32, bitcast=True) - ROUND_MAGIC
-
-    @gluon.jit
     def _activate_requant(v, out_inv, ACT: gl.constexpr):
         """The activation, then int8 at out_inv: clamped to ±127, rounded half to even by the 1.5·2²³ add. ReLU is
         the clamp's lower bound (relu(v)·out_inv = max(v·out_inv, 0) for out_inv > 0: one instruction fewer)."""
