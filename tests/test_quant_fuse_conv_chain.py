@@ -248,3 +248,12 @@ def test_the_build_fuses_only_chains_that_run_two_programs_to_an_sm(monkeypatch)
     fits = triton_int8_chain.fits(CPU)
     assert fits(64, 256, 64, True) and fits(64, 256, 128, True)
     assert not fits(128, 512, 128, True) and not fits(256, 1024, 256, True)
+
+
+def test_the_measured_winner_is_among_the_configs_the_autotuner_times():
+    """The autotuner times the first CONFIGS_PER_TACTIC[3] configs: layer 1's winning chain tile (H100,
+    2026-11-24: 64 rows x 128 channels, two programs to an SM) must be among them, and so must a three-per-SM one."""
+    from kiln.builder.autotune import CONFIGS_PER_TACTIC
+    timed = int8_gemm_chain.configs(200704, 64, 256, 64, SMEM, True)[:CONFIGS_PER_TACTIC[3]]
+    assert any((c["BLOCK_M"], c["BLOCK_N"], c["stream"]) == (64, 128, 2) for c in timed)
+    assert any(c["stream"] == 3 for c in timed)

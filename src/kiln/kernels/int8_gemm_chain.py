@@ -17,8 +17,9 @@ from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "STAGES", "RSTAGES", "num_warps", "stream")  # stream: programs per SM
-# (BLOCK_M, BLOCK_N, num_warps): the chunk's accumulator and the second GEMM's [BLOCK_M, N2] live at once
-_SPACE = [(128, 64, 8), (64, 64, 4), (128, 64, 4), (128, 128, 8), (64, 128, 4)]
+# (BLOCK_M, BLOCK_N, num_warps): the chunk's accumulator and the second GEMM's [BLOCK_M, N2] live at once; 64-row
+# tiles first (ResNet-50 layer 1 on an H100: 54-57 µs against 61-66 for 128 rows, 71-75 for 128 rows on four warps)
+_SPACE = [(64, 128, 4), (64, 64, 4), (128, 64, 8), (128, 128, 8)]
 MAX_N2 = 256  # the second GEMM's output channels: one wgmma's N, one TMA box row
 BARRIER_BYTES = 128
 
@@ -166,13 +167,13 @@ def smem_bytes(cfg: dict, k: int, n: int, n2: int, residual: bool, kx: int = 0) 
 
 def configs(m: int | None, k: int, n: int, n2: int, smem: int, residual: bool, kx: int = 0) -> list[dict]:
     """Tiles whose weights, rings and output tiles fit `smem` two programs to a multiprocessor (one's latencies hidden
-    behind the other's work), then one; the residual ring as deep as fits up to eight chunks; none unless K is
+    behind the other's work), then three, then one; the residual ring as deep as fits up to eight chunks; none unless K is
     32..128 (one TMA box row) in whole 32-wide wgmma steps (kx too, when there is a shortcut conv), N a multiple of
     64 and N2 of 16 within one wgmma."""
     if any(d % 32 or d > 128 for d in (k, kx or 32)) or n % 64 or n2 % 16 or n2 > MAX_N2:
         return []
     out = []
-    for per_sm in (2, 1):
+    for per_sm in (2, 3, 1):
         for stages in (2, 3):
             for bm, bn, warps in _SPACE:
                 if n % bn or (m is not None and bm > max(64, triton.next_power_of_2(m))):
