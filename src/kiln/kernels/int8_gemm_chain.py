@@ -2,7 +2,7 @@
 last 1x1 conv, whose output the next block's first 1x1 conv reads). Per tile of BLOCK_M rows, chunk by chunk of
 BLOCK_N output channels: acc = a @ w[chunk]ᵀ, y = int8(act(acc·scale + bias + r·res_scale)) into shared memory,
 stored by TMA and fed straight to the second wgmma, acc2 += y @ w2[:, chunk]ᵀ; then z = int8(act2(acc2·scale2 +
-bias2)). The weights stay in shared memory; rows come through a ring of STAGES tiles, residual chunks through a
+bias2)). Chunk j + 1's first GEMM runs while chunk j's epilogue does. The weights stay in shared memory; rows come through a ring of STAGES tiles, residual chunks through a
 ring of RSTAGES. In place of the residual y may add a shortcut conv of other rows (a QuantConvPair's: ResNet's
 layer-1 projection block). The block output (ResNet-50 layer 1: 51 MB at batch 64) is written once and never read back.
 """
@@ -67,6 +67,11 @@ if wg.gluon is not None:
         wg._tma_store(desc, coord, buf)
 
     @gluon.jit
+    def _first_gemm(a, w, zero):
+        """One chunk of the first GEMM (one K block) from the accumulator `zero`, issued asynchronously."""
+        return wg.warpgroup_mma(a, w.permute((1, 0)), zero, is_async=True)
+
+    @gluon.jit
     def _chain_kernel(a_desc, w_desc, r_desc, w2_desc, y_desc, z_desc, x_desc, wx_desc, scale, bias, scale2, bias2,
                       scale_x, bias_x, M, out_inv, res_scale, out2_inv, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
                       ACT: gl.constexpr, HAS_BIAS2: gl.constexpr, ACT2: gl.constexpr, HAS_X: gl.constexpr,
@@ -108,6 +113,7 @@ if wg.gluon is not None:
                                                       instr_shape=[16, BN, 32])
         mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                        instr_shape=[16, N2, 32])
+        zero = gl.zeros((BM, BN), gl.int32, layout=mma)
         rn2 = gl.arange(0, N2, layout=gl.SliceLayout(0, mma2))
         col_scale2 = gl.expand_dims(gl.load(scale2 + rn2), 0)
         col_bias2 = gl.expand_dims(gl.load(bias2 + rn2), 0)
@@ -120,23 +126,30 @@ if wg.gluon is not None:
             mbarrier.wait(bars.index(s), (i // STAGES) & 1)
             off_m = (first + i * step) * BM
             acc2 = gl.zeros((BM, N2), gl.int32, layout=mma2)
+            nxt = _first_gemm(a_s.index(s), w_s.index(0), zero)  # chunk j + 1's first GEMM runs under chunk j's epilogue
+            if HAS_X:
+                nxt_x = _first_gemm(x_s.index(s), wx_s.index(0), zero)
             for j in gl.static_range(NC):
                 c = i * NC + j
                 if HAS_RES:  # into the slot of chunk c - 1, whose residual every warp has read (the store's barrier)
                     _res_issue(r_desc, r_s, bars, c + RSTAGES - 1, first, step, NC, STAGES, RSTAGES,
                                c + RSTAGES - 1 < count * NC)
-                acc = wg.warpgroup_mma(a_s.index(s), w_s.index(j).permute((1, 0)),
-                                       gl.zeros((BM, BN), gl.int32, layout=mma), is_async=True)
+                acc = nxt
+                if HAS_X:
+                    acc_x = nxt_x
+                if j + 1 < NC:
+                    nxt = _first_gemm(a_s.index(s), w_s.index(j + 1), zero)
+                    if HAS_X:
+                        nxt_x = _first_gemm(x_s.index(s), wx_s.index(j + 1), zero)
                 rn = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
                 if HAS_X:  # the shortcut conv's value, as QuantConvPair sums them
-                    acc_x = wg.warpgroup_mma(x_s.index(s), wx_s.index(j).permute((1, 0)),
-                                             gl.zeros((BM, BN), gl.int32, layout=mma), is_async=True)
-                    acc, acc_x, acc2 = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_x, acc2))
+                    acc, acc_x, acc2 = wg.warpgroup_mma_wait(num_outstanding=2 if j + 1 < NC else 0,
+                                                                  deps=(acc, acc_x, acc2))
                     v_x = acc_x.to(gl.float32) * gl.expand_dims(gl.load(scale_x + rn), 0)
                     if HAS_BIAS_X:
                         v_x += gl.expand_dims(gl.load(bias_x + rn), 0)
                 else:
-                    acc, acc2 = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+                    acc, acc2 = wg.warpgroup_mma_wait(num_outstanding=1 if j + 1 < NC else 0, deps=(acc, acc2))
                 v = acc.to(gl.float32) * gl.expand_dims(gl.load(scale + rn), 0)
                 if HAS_BIAS:
                     v += gl.expand_dims(gl.load(bias + rn), 0)
