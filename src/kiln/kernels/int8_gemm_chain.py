@@ -2,11 +2,11 @@
 last 1x1 conv, whose output the next block's first 1x1 conv reads). Per tile of BLOCK_M rows, chunk by chunk of
 BLOCK_N output channels: acc = a @ w[chunk]ᵀ, y = int8(act(acc·scale + bias + r·res_scale)) into shared memory,
 stored by TMA and fed straight to the second wgmma, acc2 += y @ w2[:, chunk]ᵀ; then z = int8(act2(acc2·scale2 +
-bias2)). Chunk j + 1's first GEMM runs while chunk j's epilogue does. The weights stay in shared memory; rows come through a ring of STAGES tiles, residual chunks through a
-ring of RSTAGES. In place of the residual y may add a shortcut conv of other rows (a QuantConvPair's: ResNet's
-layer-1 projection block). The block output (ResNet-50 layer 1: 51 MB at batch 64) is written once and never read back.
+bias2)). Chunk j + 1's first GEMM runs under chunk j's epilogue. The weights stay in shared memory; rows come
+through a ring of STAGES tiles, residual chunks through a ring of RSTAGES. In place of the residual y may add a
+shortcut conv of other rows (a QuantConvPair's: ResNet's layer-1 projection block). The block output (ResNet-50
+layer 1: 51 MB at batch 64) is written once and never read back.
 """
-
 from __future__ import annotations
 
 import torch
