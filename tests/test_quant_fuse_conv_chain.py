@@ -41,8 +41,9 @@ def _chain_case(g, m_pixels=(2, 5, 7), k=32, n=64, n2=16, device="cpu", residual
     inputs = [None if t is None else t.to(device) for t in inputs]
     attrs = {"group": 1, "auto_pad": "NOTSET", "dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4,
              "strides": [1, 1], "x_scale": 0.1, "out_scale": 0.3, "out2_scale": 0.2, "activation2": "Relu",
-             "activation2_params": []} | EPI | {"activation": "Relu"} | ({"res_scale": 0.25} if residual and not kx else {}) \
-        | ({"x2_scale": 0.07, "strides2": [1, 1]} if kx else {})
+             "activation2_params": []} | EPI | {"activation": "Relu"}
+    attrs |= {"res_scale": 0.25} if residual and not kx else {}
+    attrs |= {"x2_scale": 0.07, "strides2": [1, 1]} if kx else {}
     want = run_reference("QuantConvChain", inputs, attrs)
     vals = tuple(None if t is None else ValueSpec(DType.from_torch(t.dtype), tuple(t.shape),
                                                   t if i in CONSTS else None) for i, t in enumerate(inputs))

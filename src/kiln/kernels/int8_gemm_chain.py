@@ -126,7 +126,7 @@ if wg.gluon is not None:
             mbarrier.wait(bars.index(s), (i // STAGES) & 1)
             off_m = (first + i * step) * BM
             acc2 = gl.zeros((BM, N2), gl.int32, layout=mma2)
-            nxt = _first_gemm(a_s.index(s), w_s.index(0), zero)  # chunk j + 1's first GEMM runs under chunk j's epilogue
+            nxt = _first_gemm(a_s.index(s), w_s.index(0), zero)  # chunk j + 1's first GEMM: under chunk j's epilogue
             if HAS_X:
                 nxt_x = _first_gemm(x_s.index(s), wx_s.index(0), zero)
             for j in gl.static_range(NC):
@@ -180,9 +180,9 @@ def smem_bytes(cfg: dict, k: int, n: int, n2: int, residual: bool, kx: int = 0) 
 
 def configs(m: int | None, k: int, n: int, n2: int, smem: int, residual: bool, kx: int = 0) -> list[dict]:
     """Tiles whose weights, rings and output tiles fit `smem` two programs to a multiprocessor (one's latencies hidden
-    behind the other's work), then three, then one; the residual ring as deep as fits up to eight chunks; none unless K is
-    32..128 (one TMA box row) in whole 32-wide wgmma steps (kx too, when there is a shortcut conv), N a multiple of
-    64 and N2 of 16 within one wgmma."""
+    behind the other's work), then three, then one; the residual ring as deep as fits up to eight chunks; none unless
+    K is 32..128 (one TMA box row) in whole 32-wide wgmma steps (kx too, when there is a shortcut conv), N a
+    multiple of 64 and N2 of 16 within one wgmma."""
     if any(d % 32 or d > 128 for d in (k, kx or 32)) or n % 64 or n2 % 16 or n2 > MAX_N2:
         return []
     out = []
