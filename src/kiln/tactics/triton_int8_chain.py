@@ -13,6 +13,7 @@ from kiln.tactics.common import rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_gemm import _epilogue
+from kiln.tactics.triton_int8_pair import split_configs
 from kiln.tactics.triton_int8_tma import _device_reason
 
 X, W, W_SCALE, BIAS, R, W2, W2_SCALE, BIAS2, XS, WS, WS_SCALE, BIAS_S = range(12)  # QuantConvChain's inputs
@@ -60,12 +61,6 @@ def _matrix(spec: LayerSpec, k: int):
     return w.reshape(w.shape[:2]).contiguous()
 
 
-def _configs(spec: LayerSpec, device, level: int):
-    out, c = spec.outputs[0].shape, spec.inputs[W].const.shape[1]
-    return [{"layout": "nhwc", **cfg} for cfg in int8_conv.configs(out[0] * out[2] * out[3], out[1], c,
-                                                                   smem_limit(device), level)]
-
-
 def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
     w, scale, bias, w2, scale2, bias2, shortcut = _constants(spec)
@@ -93,7 +88,7 @@ def _acts(attrs) -> dict:
     return {"activation": act, "act_alpha": alpha, "act_beta": beta}
 
 
-register(Tactic("triton_int8_conv_chain", ("QuantConvChain",), _compile, _supports, _configs, priority=15,
+register(Tactic("triton_int8_conv_chain", ("QuantConvChain",), _compile, _supports, split_configs, priority=15,
                 writes_out=True))
 
 

@@ -40,7 +40,8 @@ def _epilogue_constants(spec: LayerSpec):
             int8_lowering.combined_scale(a["x2_scale"], i[W2_SCALE].const), int8_lowering.const_bias(spec, BIAS2))
 
 
-def _configs(spec: LayerSpec, device, level: int):
+def split_configs(spec: LayerSpec, device, level: int):
+    """The split tactics' tiles (pair and chain): the first conv's Triton implicit-GEMM tiles over the output map."""
     out, c = spec.outputs[0].shape, spec.inputs[W].const.shape[1]
     return [{"layout": "nhwc", **cfg} for cfg in int8_conv.configs(out[0] * out[2] * out[3], out[1], c,
                                                                    smem_limit(device), level)]
@@ -63,7 +64,7 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_int8_conv_pair", ("QuantConvPair",), _compile, _supports, _configs, priority=15,
+register(Tactic("triton_int8_conv_pair", ("QuantConvPair",), _compile, _supports, split_configs, priority=15,
                 writes_out=True))
 
 
