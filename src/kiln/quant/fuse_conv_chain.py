@@ -33,11 +33,10 @@ def fuse_conv_chain(net: Network, fits: Callable[[int, int, int, bool, int], boo
     """Fuse every such chain whose (K, N, N2, residual, K of a pair's second conv or 0) `fits` in place; how many."""
     consumers, fused, removed = net.consumers(), 0, set()
     for y in list(net.layers):
-        if y.name in removed or not (_gemm(net, y) or _pair(net, y)) or (y.attrs.get("res_scale") is None and len(
-                y.inputs) > RESIDUAL and y.inputs[RESIDUAL] and y.kind == "QuantConv"):
-            continue
         pair = y.kind == "QuantConvPair"
         residual = not pair and len(y.inputs) > RESIDUAL and bool(y.inputs[RESIDUAL])
+        if y.name in removed or not (_gemm(net, y) or _pair(net, y)) or (residual and y.attrs.get("res_scale") is None):
+            continue  # (a float residual: the kernel reads int8 ones)
         (n, k), out = net.constants[y.inputs[1]].shape[:2], y.outputs[0]
         kx = net.constants[y.inputs[5]].shape[1] if pair else 0
         z = next((c for c in consumers.get(out, []) if _gemm(net, c) and c.inputs[0] == out and out not in c.inputs[1:]
