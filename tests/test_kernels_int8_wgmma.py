@@ -51,11 +51,15 @@ def test_wgmma_tactic_takes_1x1_relu_int8_convs_and_refuses_the_rest():
 
 
 @needs_gluon
-def test_wgmma_conv_tactic_takes_stride_1_convs_of_16_channel_multiples():
+def test_wgmma_conv_tactic_takes_convs_of_16_channel_multiples_and_strided_ones_the_phase_view_can_read():
     g = torch.Generator().manual_seed(1)
     t = registry.get("triton_int8_conv_wgmma")
     assert t.supports(_conv(g, k=3)[0], GPU_LIKE) is None and t.supports(_conv(g, k=1)[0], GPU_LIKE) is None
-    assert "stride 1" in t.supports(_conv(g, k=3, strides=(2, 2))[0], GPU_LIKE)
+    assert "64 channels" in t.supports(_conv(g, k=3, strides=(2, 2))[0], GPU_LIKE)  # 32 channels
+    strided = _conv(g, k=3, strides=(2, 2), c=128)[0]  # a 6x6 map: sides even
+    assert t.supports(strided, GPU_LIKE) is None
+    assert {c["BLOCK_K"] for c in t.configs(strided, GPU_LIKE, 3)} <= {64, 128}
+    assert "multiples of the strides" in t.supports(_conv(g, k=3, strides=(4, 4), c=128)[0], GPU_LIKE)
     assert t.supports(_conv(g, k=1, strides=(2, 2))[0], GPU_LIKE) is None  # a subsample's stride-1 conv
     assert "multiple of 16" in t.supports(_conv(g, k=3, c=24)[0], GPU_LIKE)
     assert "int8 residuals" in t.supports(_float_res(g), GPU_LIKE)
@@ -86,19 +90,35 @@ def _compile_sm90(kernel, sig, consts, num_warps):
 
 
 @needs_gluon
-def test_wgmma_conv_compiles_for_hopper_feeding_wgmma_from_shared_memory():
-    """The 4-D input box is reshaped in shared memory (no trip through registers, unlike kernels/int8_conv_tma.py),
-    and one wgmma stays in flight."""
-    for cfg in int8_gemm_wgmma.conv_configs(56, 56, 256, 64, 227 * 1024):
-        bh, bw, bn, bk = cfg["BH"], cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        sig = {"x_desc": _desc_sig([1, bh, bw, bk]), "w_desc": _desc_sig([bn, bk]), "scale": "*fp32", "bias": "*fp32",
-               "res": "*i8", "y": "*i8", "out_inv": "fp32", "res_scale": "fp32"}
-        sig |= dict.fromkeys("OH OW CO C KW ph pw dh dw s_rn s_rh s_rw s_yn s_yh s_yw NUM_K".split(), "i32")
+@pytest.mark.parametrize("stride", [1, 2])
+def test_wgmma_conv_compiles_for_hopper_feeding_wgmma_from_shared_memory(stride):
+    """The 5-D input box (BI images of the stride phase view) is reshaped in shared memory (no trip through
+    registers, unlike kernels/int8_conv_tma.py), and one wgmma stays in flight; every tile, strided or not."""
+    cfgs = int8_gemm_wgmma.conv_configs(7, 7, 512, 512, 227 * 1024) + int8_gemm_wgmma.conv_configs(
+        14, 14, 256, 256, 227 * 1024)
+    assert any(c["BI"] == 2 for c in cfgs) and any(c["BH"] == 16 for c in cfgs)
+    for cfg in cfgs:
+        bi, bh, bw, bn, bk = cfg["BI"], cfg["BH"], cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        sig = {"x_desc": _desc_sig([bi, bh, 1, bw, bk]), "w_desc": _desc_sig([bn, bk]), "scale": "*fp32",
+               "bias": "*fp32", "res": "*i8", "y": "*i8", "out_inv": "fp32", "res_scale": "fp32"}
+        sig |= dict.fromkeys("N OH OW CO C KW ph pw dh dw s_rn s_rh s_rw s_yn s_yh s_yw NUM_K".split(), "i32")
         k = _compile_sm90(int8_gemm_wgmma._wgmma_conv_kernel, sig, {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu",
-                                                                     "STAGES": cfg["STAGES"]}, cfg["num_warps"])
+                                                                     "STAGES": cfg["STAGES"], "SH": stride,
+                                                                     "SW": stride}, cfg["num_warps"])
         ptx = k.asm["ptx"]
-        assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
+        assert "cp.async.bulk.tensor.5d" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
         assert "local_load" not in k.asm["ttgir"], cfg
+
+
+def test_phase_view_puts_each_stride_phase_in_one_box():
+    """Input row 2i + a, column 2j + b of the phase view is element (i, a, j, b·C + c)."""
+    x = torch.arange(2 * 6 * 4 * 3).reshape(2, 6, 4, 3)
+    v = int8_gemm_wgmma.phase_view(x, 2, 2)
+    assert v.shape == (2, 3, 2, 2, 6)
+    for a in (0, 1):
+        for b in (0, 1):
+            assert torch.equal(v[:, :, a, :, b * 3:(b + 1) * 3], x[:, a::2, b::2])
+    assert torch.equal(int8_gemm_wgmma.phase_view(x, 1, 1)[:, :, 0], x)
 
 
 @needs_gluon
@@ -169,6 +189,35 @@ def test_gpu_wgmma_conv_is_bit_exact(res):
         want = int8_conv.conv2d(x, w, scale, (k, k), (1, 1), pads, (1, 1), bias, **kw)
         for cfg in int8_gemm_wgmma.conv_configs(13, 11, 80, 48, 227 * 1024):
             got = int8_gemm_wgmma.conv2d(x, w, scale, (k, k), pads, (1, 1), bias, config=cfg, **kw)
+            assert torch.equal(got, want), (k, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("res", [False, True])
+def test_gpu_wgmma_conv_is_bit_exact_at_stride_two(res):
+    """3x3 / pad 1 and 2x2 / pad 0 stride-2 convs through the phase view, on a map whose output is ragged (7x6)
+    against the tiles, every tile that takes them: kernels/int8_conv.py's bits."""
+    from kiln.kernels import int8_conv
+    _needs_hopper()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randint(-127, 128, (3, 128, 14, 12), device="cuda", dtype=torch.int8, generator=g)
+    x = x.contiguous(memory_format=torch.channels_last)
+    for k, pad in ((3, 1), (2, 0)):
+        w = int8_conv.pack_weight(torch.randint(-127, 128, (80, 128, k, k), device="cuda", dtype=torch.int8,
+                                                generator=g))
+        scale = torch.rand(80, device="cuda", generator=g) * 1e-4
+        bias = torch.randn(80, device="cuda", generator=g)
+        kw = dict(out_scale=0.05, activation="relu")
+        oh, ow = (14 + 2 * pad - k) // 2 + 1, (12 + 2 * pad - k) // 2 + 1
+        if res:
+            r = torch.randint(-127, 128, (3, 80, oh, ow), device="cuda", dtype=torch.int8, generator=g)
+            kw |= dict(residual=r.contiguous(memory_format=torch.channels_last), res_scale=0.01)
+        want = int8_conv.conv2d(x, w, scale, (k, k), (2, 2), [pad] * 4, (1, 1), bias, **kw)
+        cfgs = [c for c in int8_gemm_wgmma.conv_configs(oh, ow, 80, 128, 227 * 1024) if 128 % c["BLOCK_K"] == 0]
+        assert len(cfgs) >= 4
+        for cfg in cfgs:
+            got = int8_gemm_wgmma.conv2d(x, w, scale, (k, k), [pad] * 4, (1, 1), bias, config=cfg, strides=(2, 2),
+                                         **kw)
             assert torch.equal(got, want), (k, cfg)
 
 

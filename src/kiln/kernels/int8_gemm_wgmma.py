@@ -40,10 +40,13 @@ CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
 STREAM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps", "stream")  # stream: programs per SM
 STREAM_K = 512  # reductions short enough to stay whole in shared memory: the streaming kernel's
 _STREAM = [(128, 128, 8), (128, 64, 4), (64, 128, 4), (128, 128, 4)]  # (BLOCK_M, BLOCK_N, num_warps)
-CONV_KEYS = ("BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
-# output blocks of 64-128 pixels (BH·BW a multiple of 16 rows per warp), the 4-D TMA conv's shapes
-_CONV_SPACE = [(8, 16, 64, 64, 4, 4), (8, 8, 128, 64, 4, 4), (8, 16, 128, 64, 4, 4), (16, 8, 64, 64, 4, 4),
-               (8, 8, 64, 64, 4, 4), (8, 16, 128, 64, 3, 8)]
+CONV_KEYS = ("BI", "BH", "BW", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
+# output blocks of BI images x BH x BW pixels (a multiple of 16 rows per warp), best first for the shapes probed
+# (ResNet-50 b64 on an H100): 128-deep channel blocks halve the per-step waits (layer 4's 7x7 maps: 22 against
+# 30 us at 64); two 7x7 images a tile halve the weight reads from L2; a 14x14 map in one 16x16 box
+_CONV_SPACE = [(1, 8, 8, 128, 128, 3, 4), (2, 8, 8, 128, 128, 3, 8), (1, 16, 16, 128, 64, 3, 8),
+               (1, 16, 16, 128, 128, 3, 8), (1, 8, 16, 64, 64, 4, 4), (1, 8, 16, 128, 128, 3, 8),
+               (1, 8, 8, 128, 64, 4, 4), (1, 16, 8, 64, 64, 4, 4), (1, 8, 8, 64, 64, 4, 4), (1, 8, 16, 128, 64, 4, 4)]
 _SPACE = [(128, 128, 64, 4, 4), (128, 64, 64, 5, 4), (256, 128, 64, 3, 8), (64, 128, 128, 4, 4),
           (128, 128, 128, 3, 8), (64, 64, 64, 4, 4)]  # the last fits a block's default 48 KiB
 _SHORT = [(128, 128, 64, 2, 4), (128, 64, 64, 2, 4)]
@@ -69,11 +72,14 @@ if gluon is not None:
 
     @gluon.jit
     def _issue_conv(x_desc, w_desc, step, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw, bar, a_dst, w_dst,
-                    nbytes: gl.constexpr, pred):
-        """The conv's step `step`: tap step // c_blocks, its channel block; the input box shifted to the tap."""
+                    nbytes: gl.constexpr, pred, SH: gl.constexpr, SW: gl.constexpr):
+        """The conv's step `step`: tap step // c_blocks, its channel block; the box of the tap's stride phase
+        (x_desc's dims 2 and 4, see `_phase_view`) shifted to the tap (the 8·S keeps the divisions non-negative)."""
         tap = step // c_blocks
-        c0 = (step % c_blocks) * x_desc.block_type.shape[3]
-        _issue(x_desc, [n, oh0 + (tap // KW) * dh - ph, ow0 + (tap % KW) * dw - pw, c0], w_desc,
+        c0 = (step % c_blocks) * x_desc.block_type.shape[4]
+        eh = (tap // KW) * dh - ph + 8 * SH
+        ew = (tap % KW) * dw - pw + 8 * SW
+        _issue(x_desc, [n, oh0 + eh // SH - 8, eh % SH, ow0 + ew // SW - 8, (ew % SW) * C + c0], w_desc,
                [off_n, tap * C + c0], bar, a_dst, w_dst, nbytes, pred)
 
     @gluon.jit
@@ -240,27 +246,29 @@ if gluon is not None:
         return ((q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS).to(gl.int8)
 
     @gluon.jit
-    def _wgmma_conv_kernel(x_desc, w_desc, scale, bias, res, y, OH, OW, CO, C, KW, ph, pw, dh, dw, out_inv,
+    def _wgmma_conv_kernel(x_desc, w_desc, scale, bias, res, y, N, OH, OW, CO, C, KW, ph, pw, dh, dw, out_inv,
                            res_scale, s_rn, s_rh, s_rw, s_yn, s_yh, s_yw, NUM_K, HAS_BIAS: gl.constexpr,
-                           HAS_RES: gl.constexpr, ACT: gl.constexpr, STAGES: gl.constexpr):
-        """Stride-1 implicit-GEMM conv: per step a 4-D TMA box [1, BH, BW, BLOCK_K] of the NHWC input at the tap's
-        offset (zero fill is the padding), seen as [BH·BW, BLOCK_K] in shared memory and fed to wgmma from there,
-        one wgmma in flight; channels contiguous in y and the residual (NHWC)."""
+                           HAS_RES: gl.constexpr, ACT: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr,
+                           SW: gl.constexpr):
+        """Implicit-GEMM conv: per step a 5-D TMA box [BI, BH, 1, BW, BLOCK_K] of the input's phase view (BI images,
+        zero fill is the padding), seen as [BI·BH·BW, BLOCK_K] in shared memory and fed to wgmma from there, one
+        wgmma in flight; channels contiguous in y and the residual (NHWC)."""
+        BI: gl.constexpr = x_desc.block_type.shape[0]
         BH: gl.constexpr = x_desc.block_type.shape[1]
-        BW: gl.constexpr = x_desc.block_type.shape[2]
-        BLOCK_K: gl.constexpr = x_desc.block_type.shape[3]
+        BW: gl.constexpr = x_desc.block_type.shape[3]
+        BLOCK_K: gl.constexpr = x_desc.block_type.shape[4]
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-        BM: gl.constexpr = BH * BW
+        BM: gl.constexpr = BI * BH * BW
         tiles_w = gl.cdiv(OW, BW)
         tiles_hw = gl.cdiv(OH, BH) * tiles_w
         pid = gl.program_id(0)
-        n = pid // tiles_hw
+        n = pid // tiles_hw * BI
         oh0 = (pid % tiles_hw) // tiles_w * BH
         ow0 = (pid % tiles_w) * BW
         off_n = gl.program_id(1) * BLOCK_N
         c_blocks = gl.cdiv(C, BLOCK_K)
 
-        a_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, 1, BH, BW, BLOCK_K], x_desc.layout)
+        a_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BI, BH, 1, BW, BLOCK_K], x_desc.layout)
         w_s = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -268,7 +276,7 @@ if gluon is not None:
         nbytes: gl.constexpr = (BM + BLOCK_N) * BLOCK_K
         for i in gl.static_range(STAGES - 1):
             _issue_conv(x_desc, w_desc, i, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw, ready.index(i),
-                        a_s.index(i), w_s.index(i), nbytes, i < NUM_K)
+                        a_s.index(i), w_s.index(i), nbytes, i < NUM_K, SH, SW)
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BLOCK_N, 32])
@@ -279,18 +287,19 @@ if gluon is not None:
                             (kb // STAGES) & 1)
             nk = kb + STAGES - 1
             _issue_conv(x_desc, w_desc, nk, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw,
-                        ready.index(nk % STAGES), a_s.index(nk % STAGES), w_s.index(nk % STAGES), nbytes, nk < NUM_K)
+                        ready.index(nk % STAGES), a_s.index(nk % STAGES), w_s.index(nk % STAGES), nbytes, nk < NUM_K,
+                        SH, SW)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
 
         i = gl.arange(0, BM, layout=gl.SliceLayout(1, mma))
-        oh, ow = oh0 + i // BW, ow0 + i % BW
+        img, oh, ow = n + i // (BH * BW), oh0 + (i % (BH * BW)) // BW, ow0 + i % BW
         rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-        rows_ok = (oh < OH) & (ow < OW)
-        q = _requant_tile(acc, rows_ok, n * s_rn + oh * s_rh + ow * s_rw, rn, rn < CO, res, scale, bias, out_inv,
+        rows_ok = (img < N) & (oh < OH) & (ow < OW)
+        q = _requant_tile(acc, rows_ok, img * s_rn + oh * s_rh + ow * s_rw, rn, rn < CO, res, scale, bias, out_inv,
                           res_scale, HAS_BIAS, HAS_RES, ACT)
-        y_off = gl.expand_dims(n * s_yn + oh * s_yh + ow * s_yw, 1) + gl.expand_dims(rn, 0)
+        y_off = gl.expand_dims(img * s_yn + oh * s_yh + ow * s_yw, 1) + gl.expand_dims(rn, 0)
         gl.store(y + y_off, q, mask=gl.expand_dims(rows_ok, 1) & gl.expand_dims(rn < CO, 0))
 
 
@@ -374,51 +383,67 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
 
 
 def conv_configs(oh: int | None, ow: int | None, co: int, c: int, smem: int) -> list[dict]:
-    """Conv tiles whose STAGES input boxes and weight tiles fit `smem` and do not dwarf the output map or the
-    channels; the first always."""
+    """Conv tiles whose STAGES input boxes and weight tiles fit `smem` and do not dwarf the output map (a box of
+    several images only where one image fits it whole) or the channels; the first always."""
     out = []
     for t in _CONV_SPACE:
         cfg = dict(zip(CONV_KEYS, t))
-        need = cfg["STAGES"] * (cfg["BH"] * cfg["BW"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"]
-        fits = cfg["BH"] <= max(8, oh or 8) and cfg["BW"] <= max(8, ow or 8) and cfg["BLOCK_N"] <= max(64, co) \
-            and cfg["BLOCK_K"] <= max(32, c)
+        need = cfg["STAGES"] * (cfg["BI"] * cfg["BH"] * cfg["BW"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"]
+        fits = cfg["BH"] <= max(8, triton.next_power_of_2(oh or 8)) and cfg["BLOCK_N"] <= max(64, co) and \
+            cfg["BW"] <= max(8, triton.next_power_of_2(ow or 8)) and cfg["BLOCK_K"] <= max(32, c) and \
+            (cfg["BI"] == 1 or (oh is not None and ow is not None and oh <= cfg["BH"] and ow <= cfg["BW"]))
         if need <= smem and (fits or t == _CONV_SPACE[0]):
             out.append(cfg)
     return out
 
 
+def phase_view(x: torch.Tensor, sh: int, sw: int) -> torch.Tensor:
+    """NHWC x [N, H, W, C] as [N, H/sh, sh, W/sw, sw·C]: input row sh·i + a is (i, a), column sw·j + b is j with
+    channels offset b·C, so that each stride phase of a strided conv is a plain box (TMA has no element strides)."""
+    n, h, w, c = x.shape
+    return x.as_strided((n, h // sh, sh, w // sw, sw * c),
+                        (x.stride(0), sh * x.stride(1), x.stride(1), sw * x.stride(2), 1))
+
+
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel: tuple[int, int], pads, dilations,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, out_scale: float,
            res_scale: float | None = None, activation: str = "none", config: dict,
-           out: torch.Tensor | None = None) -> torch.Tensor:
-    """The stride-1 int8 conv of x [N, C, H, W] (NHWC memory TMA can address, C a multiple of 16) with `w_packed`
-    (kernels/int8_conv.pack_weight), pads [top, left, bottom, right], requantized to int8 at out_scale;
-    kernels/int8_conv.conv2d's bits. NCHW-shaped, channels_last."""
+           out: torch.Tensor | None = None, strides=(1, 1)) -> torch.Tensor:
+    """The int8 conv of x [N, C, H, W] (NHWC memory TMA can address, C a multiple of 16; strided: H and W multiples
+    of the strides, pixels dense, C a multiple of BLOCK_K) with `w_packed` (kernels/int8_conv.pack_weight), pads
+    [top, left, bottom, right], requantized to int8 at out_scale; kernels/int8_conv.conv2d's bits. NCHW-shaped,
+    channels_last. ValueError for what it does not take."""
     if not available():
         raise ValueError("this triton has no Gluon")
     if activation not in ACTIVATIONS or x.dtype != torch.int8 or w_packed.dtype != torch.int8:
         raise ValueError(f"int8 operands and one of the activations {ACTIVATIONS} only")
-    (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
+    (n, c, h, wd), (kh, kw), co, (sh, sw) = x.shape, kernel, w_packed.shape[1], strides
+    bi, bh, bw, bn, bk = config.get("BI", 1), config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
     if not tma_nhwc(x) or c % 16:
         raise ValueError("x must be NHWC memory TMA can address, with a multiple of 16 channels (16-byte rows)")
+    if (sh, sw) != (1, 1) and (h % sh or wd % sw or c % bk or (sw > 1 and x.stride(3) != c)):
+        raise ValueError("a strided conv needs H and W multiples of the strides, dense pixels and C a multiple of "
+                         "BLOCK_K")
+    if max(pads[0], pads[2]) >= 8 * sh or max(pads[1], pads[3]) >= 8 * sw:
+        raise ValueError("pads of 8·stride or more")
     if residual is not None and (residual.dtype != torch.int8 or res_scale is None or residual.stride(1) != 1):
         raise ValueError("the residual must be int8, channels_last, with a res_scale")
     dh, dw = dilations
-    oh, ow = h + pads[0] + pads[2] - dh * (kh - 1), wd + pads[1] + pads[3] - dw * (kw - 1)
+    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
     y = take(out, (n, co, oh, ow), torch.int8, x.device, torch.channels_last)
     if y.numel() == 0:
         return y
-    bh, bw, bn, bk = config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
-    nhwc = x.permute(0, 2, 3, 1)
-    block = [1, bh, bw, bk]
-    x_desc = TensorDescriptor(nhwc, list(nhwc.shape), list(nhwc.stride()), block,
+    view = phase_view(x.permute(0, 2, 3, 1), sh, sw)
+    block = [bi, bh, 1, bw, bk]
+    x_desc = TensorDescriptor(view, list(view.shape), list(view.stride()), block,
                               gl.NVMMASharedLayout.get_default_for(block, gl.int8))
     r = residual if residual is not None else y
-    grid = (n * triton.cdiv(oh, bh) * triton.cdiv(ow, bw), triton.cdiv(co, bn))
+    grid = (triton.cdiv(n, bi) * triton.cdiv(oh, bh) * triton.cdiv(ow, bw), triton.cdiv(co, bn))
     _wgmma_conv_kernel[grid](x_desc, _desc(w_packed.t(), [bn, bk]), scale, bias if bias is not None else scale, r, y,
-                             oh, ow, co, c, kw, pads[0], pads[1], dh, dw, inv_scale(out_scale),
+                             n, oh, ow, co, c, kw, pads[0], pads[1], dh, dw, inv_scale(out_scale),
                              float(res_scale or 1.0), r.stride(0), r.stride(2), r.stride(3), y.stride(0), y.stride(2),
                              y.stride(3), kh * kw * triton.cdiv(c, bk), HAS_BIAS=bias is not None,
-                             HAS_RES=residual is not None, ACT=activation, STAGES=config["STAGES"],
+                             HAS_RES=residual is not None, ACT=activation, STAGES=config["STAGES"], SH=sh, SW=sw,
                              num_warps=config["num_warps"], enable_fp_fusion=False)
     return y

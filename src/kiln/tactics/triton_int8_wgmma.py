@@ -1,7 +1,7 @@
 """int8 QuantGemm and 1x1 QuantConv through the Gluon GEMM that keeps one wgmma in flight (or, for reductions short
-enough to stay in shared memory, its persistent streaming variant), stride-1 QuantConv through its implicit-GEMM
-conv (4-D TMA input boxes fed to wgmma from shared memory; a strided 1x1 conv as its input's subsampled view), both
-in kernels/int8_gemm_wgmma.py, and stride-1
+enough to stay in shared memory, its persistent streaming variant), QuantConv through its implicit-GEMM
+conv (5-D TMA input boxes fed to wgmma from shared memory; a strided 1x1 conv as its input's subsampled view, other
+strided convs through the stride-phase view), both in kernels/int8_gemm_wgmma.py, and stride-1
 QuantConv through the halo-box conv (kernels/int8_conv_halo.py, each input pixel read KW times from L2, not KH·KW),
 Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out, an int8 residual) and whose
 rows TMA can address (multiples of 16 channels). The autotuner times them against
@@ -50,11 +50,6 @@ def _supports(spec: LayerSpec, device) -> str | None:
         _device_reason(device)
 
 
-def _supports_conv(spec: LayerSpec, device) -> str | None:
-    return int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or _conv_reason(spec) or \
-        _device_reason(device)
-
-
 def _configs(spec: LayerSpec, device, level: int):
     """The streaming kernel's tiles first where the reduction stays whole in shared memory, then the pipelined ones."""
     w, smem = spec.inputs[1].const, smem_limit(device)
@@ -83,10 +78,40 @@ register(Tactic("triton_int8_gemm_wgmma", ("QuantGemm", "QuantConv"), _compile, 
                 arch_specific=True, writes_out=True))
 
 
+def _strides(spec: LayerSpec) -> tuple[int, int]:
+    """The strides the kernel applies: none for a strided 1x1 conv, which runs on its input's subsample view."""
+    return (1, 1) if int8_lowering.subsample(spec) else tuple(spec.attrs.get("strides", (1, 1)))
+
+
+def _strided_reason(spec: LayerSpec) -> str | None:
+    """Why the phase view (kernels/int8_gemm_wgmma.phase_view) cannot take a strided conv's input, or None."""
+    a, w, shape = spec.attrs, spec.inputs[1].const, spec.inputs[0].shape
+    if spec.kind != "QuantConv" or w is None or w.dim() != 4 or a.get("group", 1) != 1:
+        return "2-D convolutions of group 1 only"
+    strides = _strides(spec)
+    if strides == (1, 1):
+        return None
+    if not all(isinstance(d, int) for d in shape[2:]) or shape[2] % strides[0] or shape[3] % strides[1]:
+        return "strided convs of static maps whose sides are multiples of the strides only"
+    if w.shape[1] % 64 or any(p >= 8 * st for p, st in zip(resolve_pads(tuple(shape[2:]), a), strides * 2)):
+        return "strided convs of multiples of 64 channels and pads below 8·stride only"
+    return None
+
+
+def _supports_conv(spec: LayerSpec, device) -> str | None:
+    reason = _strided_reason(spec)
+    if reason is None and _strides(spec) == (1, 1):
+        reason = _conv_reason(spec)
+    return int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or reason or _device_reason(device)
+
+
 def _conv_configs(spec: LayerSpec, device, level: int):
+    """The kernel's tiles; a strided conv's only where BLOCK_K divides C (a phase's channels end at C)."""
     out, (co, c) = spec.outputs[0].shape, spec.inputs[1].const.shape[:2]
     oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
-    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_wgmma.conv_configs(oh, ow, co, c, smem_limit(device))]
+    strided = _strides(spec) != (1, 1)
+    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_wgmma.conv_configs(oh, ow, co, c, smem_limit(device))
+            if not (strided and c % cfg["BLOCK_K"])]
 
 
 def _compile_conv(spec: LayerSpec, config, device):
@@ -96,7 +121,7 @@ def _compile_conv(spec: LayerSpec, config, device):
     kernel, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["dilations"])
     has_residual = int8_lowering.has_residual(spec)
     kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              config={k: config[k] for k in int8_gemm_wgmma.CONV_KEYS})
+              config={k: config[k] for k in int8_gemm_wgmma.CONV_KEYS if k in config}, strides=_strides(spec))
     step = int8_lowering.subsample(spec) or (1, 1)
 
     def run(inputs, out=None):
