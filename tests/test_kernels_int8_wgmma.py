@@ -194,31 +194,34 @@ def test_gpu_wgmma_conv_is_bit_exact(res):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("res", [False, True])
-def test_gpu_wgmma_conv_is_bit_exact_at_stride_two(res):
-    """3x3 / pad 1 and 2x2 / pad 0 stride-2 convs through the phase view, on a map whose output is ragged (7x6)
-    against the tiles, every tile that takes them: kernels/int8_conv.py's bits."""
+def test_gpu_wgmma_conv_is_bit_exact_on_small_maps_and_at_stride_two(res):
+    """3x3 / pad 1 and 2x2 / pad 0 stride-2 convs through the phase view, and a stride-1 3x3 conv of a 7x6 map
+    (boxes of two images of an odd batch), outputs ragged against the tiles, 144 output channels, every tile that
+    takes them: kernels/int8_conv.py's bits."""
     from kiln.kernels import int8_conv
     _needs_hopper()
     g = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randint(-127, 128, (3, 128, 14, 12), device="cuda", dtype=torch.int8, generator=g)
     x = x.contiguous(memory_format=torch.channels_last)
-    for k, pad in ((3, 1), (2, 0)):
-        w = int8_conv.pack_weight(torch.randint(-127, 128, (80, 128, k, k), device="cuda", dtype=torch.int8,
+    for k, pad, st in ((3, 1, 2), (2, 0, 2), (3, 1, 1)):
+        xs = x if st == 2 else x[:, :, :7, :6]
+        w = int8_conv.pack_weight(torch.randint(-127, 128, (144, 128, k, k), device="cuda", dtype=torch.int8,
                                                 generator=g))
-        scale = torch.rand(80, device="cuda", generator=g) * 1e-4
-        bias = torch.randn(80, device="cuda", generator=g)
+        scale = torch.rand(144, device="cuda", generator=g) * 1e-4
+        bias = torch.randn(144, device="cuda", generator=g)
         kw = dict(out_scale=0.05, activation="relu")
-        oh, ow = (14 + 2 * pad - k) // 2 + 1, (12 + 2 * pad - k) // 2 + 1
+        oh, ow = (xs.shape[2] + 2 * pad - k) // st + 1, (xs.shape[3] + 2 * pad - k) // st + 1
+        assert (oh, ow) == (7, 6)
         if res:
-            r = torch.randint(-127, 128, (3, 80, oh, ow), device="cuda", dtype=torch.int8, generator=g)
+            r = torch.randint(-127, 128, (3, 144, oh, ow), device="cuda", dtype=torch.int8, generator=g)
             kw |= dict(residual=r.contiguous(memory_format=torch.channels_last), res_scale=0.01)
-        want = int8_conv.conv2d(x, w, scale, (k, k), (2, 2), [pad] * 4, (1, 1), bias, **kw)
-        cfgs = [c for c in int8_gemm_wgmma.conv_configs(oh, ow, 80, 128, 227 * 1024) if 128 % c["BLOCK_K"] == 0]
-        assert len(cfgs) >= 4
+        want = int8_conv.conv2d(xs, w, scale, (k, k), (st, st), [pad] * 4, (1, 1), bias, **kw)
+        cfgs = [c for c in int8_gemm_wgmma.conv_configs(oh, ow, 144, 128, 227 * 1024) if 128 % c["BLOCK_K"] == 0]
+        assert len(cfgs) >= 4 and any(c["BI"] == 2 for c in cfgs)  # two images a box: 3 is odd
         for cfg in cfgs:
-            got = int8_gemm_wgmma.conv2d(x, w, scale, (k, k), [pad] * 4, (1, 1), bias, config=cfg, strides=(2, 2),
-                                         **kw)
-            assert torch.equal(got, want), (k, cfg)
+            got = int8_gemm_wgmma.conv2d(xs, w, scale, (k, k), [pad] * 4, (1, 1), bias, config=cfg,
+                                         strides=(st, st), **kw)
+            assert torch.equal(got, want), (k, st, cfg)
 
 
 @pytest.mark.gpu
