@@ -2,10 +2,10 @@
 last 1x1 conv, whose output the next block's first 1x1 conv reads). Per tile of BLOCK_M rows, chunk by chunk of
 BLOCK_N output channels: acc = a @ w[chunk]ᵀ, y = int8(act(acc·scale + bias + r·res_scale)) into shared memory,
 stored by TMA and fed straight to the second wgmma, acc2 += y @ w2[:, chunk]ᵀ; then z = int8(act2(acc2·scale2 +
-bias2)). Chunk j + 1's first GEMM runs under chunk j's epilogue. The weights stay in shared memory; rows come
-through a ring of STAGES tiles, residual chunks through a ring of RSTAGES. In place of the residual y may add a
-shortcut conv of other rows (a QuantConvPair's: ResNet's layer-1 projection block). The block output (ResNet-50
-layer 1: 51 MB at batch 64) is written once and never read back.
+bias2)). Without a shortcut, chunk j + 1's first GEMM runs under chunk j's epilogue. The weights stay in shared
+memory; rows come through a ring of STAGES tiles, residual chunks through a ring of RSTAGES. In place of the
+residual y may add a shortcut conv of other rows (a QuantConvPair's: ResNet's layer-1 projection block). The block
+output (ResNet-50 layer 1: 51 MB at batch 64) is written once and never read back.
 """
 from __future__ import annotations
 
@@ -126,29 +126,26 @@ if wg.gluon is not None:
             mbarrier.wait(bars.index(s), (i // STAGES) & 1)
             off_m = (first + i * step) * BM
             acc2 = gl.zeros((BM, N2), gl.int32, layout=mma2)
-            nxt = _first_gemm(a_s.index(s), w_s.index(0), zero)  # chunk j + 1's first GEMM: under chunk j's epilogue
-            if HAS_X:
-                nxt_x = _first_gemm(x_s.index(s), wx_s.index(0), zero)
+            if not HAS_X:  # chunk j + 1's first GEMM runs under chunk j's epilogue (with a shortcut's too, the
+                # accumulators spill: 84 against 57 us at BLOCK_N 128)
+                nxt = _first_gemm(a_s.index(s), w_s.index(0), zero)
             for j in gl.static_range(NC):
                 c = i * NC + j
                 if HAS_RES:  # into the slot of chunk c - 1, whose residual every warp has read (the store's barrier)
                     _res_issue(r_desc, r_s, bars, c + RSTAGES - 1, first, step, NC, STAGES, RSTAGES,
                                c + RSTAGES - 1 < count * NC)
-                acc = nxt
-                if HAS_X:
-                    acc_x = nxt_x
-                if j + 1 < NC:
-                    nxt = _first_gemm(a_s.index(s), w_s.index(j + 1), zero)
-                    if HAS_X:
-                        nxt_x = _first_gemm(x_s.index(s), wx_s.index(j + 1), zero)
                 rn = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
                 if HAS_X:  # the shortcut conv's value, as QuantConvPair sums them
-                    acc, acc_x, acc2 = wg.warpgroup_mma_wait(num_outstanding=2 if j + 1 < NC else 0,
-                                                                  deps=(acc, acc_x, acc2))
+                    acc = _first_gemm(a_s.index(s), w_s.index(j), zero)
+                    acc_x = _first_gemm(x_s.index(s), wx_s.index(j), zero)
+                    acc, acc_x, acc2 = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_x, acc2))
                     v_x = acc_x.to(gl.float32) * gl.expand_dims(gl.load(scale_x + rn), 0)
                     if HAS_BIAS_X:
                         v_x += gl.expand_dims(gl.load(bias_x + rn), 0)
                 else:
+                    acc = nxt
+                    if j + 1 < NC:
+                        nxt = _first_gemm(a_s.index(s), w_s.index(j + 1), zero)
                     acc, acc2 = wg.warpgroup_mma_wait(num_outstanding=1 if j + 1 < NC else 0, deps=(acc, acc2))
                 v = acc.to(gl.float32) * gl.expand_dims(gl.load(scale + rn), 0)
                 if HAS_BIAS:
