@@ -256,6 +256,9 @@ def test_stream_configs_keep_the_reduction_whole_in_shared_memory():
                 (2 + c["STAGES"] * res) * c["BLOCK_M"] * c["BLOCK_N"]
             assert need == int8_gemm_wgmma.stream_smem(c["BLOCK_M"], c["BLOCK_N"], k, c["STAGES"], res)
             assert c["stream"] * need <= 227 * 1024
+    first = int8_gemm_wgmma.stream_configs(1024, 256, 227 * 1024, True)[0]  # ResNet-50 layer 3's last conv
+    assert (first["BLOCK_M"], first["BLOCK_N"], first["stream"]) == (64, 64, 3)
+    assert max(c["stream"] for c in int8_gemm_wgmma.stream_configs(1024, 256, 227 * 1024, True)[1:]) == 2
     assert not int8_gemm_wgmma.stream_configs(256, 1024, 227 * 1024, True)  # too long: the pipelined kernel's
     assert not int8_gemm_wgmma.stream_configs(256, 80, 227 * 1024, True)  # not whole 32-wide wgmma steps
     assert all(c["BLOCK_N"] <= 64 for c in int8_gemm_wgmma.stream_configs(64, 256, 227 * 1024, False))
