@@ -71,8 +71,9 @@ def test_halo_conv_compiles_for_hopper_with_the_boxes_fed_to_wgmma_from_shared_m
                "bias": "*fp32", "out_inv": "fp32", "res_scale": "fp32"}
         sig |= dict.fromkeys("CO ph pw tiles_w tiles_hw tiles".split(), "i32")
         consts = {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu", "KH": 3, "KW": 3, "CB": 1,
-                  "STAGES": cfg["STAGES"]}
+                  "STAGES": cfg["STAGES"], "PDL": True}
         ptx = _compile_sm90(halo._halo_conv_kernel, sig, consts, 4).asm["ptx"]
+        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait"), cfg
         assert "cp.async.bulk.tensor.4d.shared::cluster.global" in ptx and "wgmma.wait_group.sync.aligned 9;" in ptx
         assert "cp.async.bulk.tensor.4d.global.shared" in ptx and "fma.rn.f32" not in ptx, cfg
 

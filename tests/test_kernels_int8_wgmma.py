@@ -104,9 +104,10 @@ def test_wgmma_conv_compiles_for_hopper_feeding_wgmma_from_shared_memory(stride)
         sig |= dict.fromkeys("N OH OW CO C KW ph pw dh dw s_rn s_rh s_rw s_yn s_yh s_yw NUM_K".split(), "i32")
         k = _compile_sm90(int8_gemm_wgmma._wgmma_conv_kernel, sig, {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu",
                                                                      "STAGES": cfg["STAGES"], "SH": stride,
-                                                                     "SW": stride}, cfg["num_warps"])
+                                                                     "SW": stride, "PDL": True}, cfg["num_warps"])
         ptx = k.asm["ptx"]
         assert "cp.async.bulk.tensor.5d" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
+        assert "griddepcontrol.wait" in ptx, cfg
         assert "local_load" not in k.asm["ttgir"], cfg
 
 
@@ -130,11 +131,13 @@ def test_wgmma_gemm_compiles_for_hopper_with_one_wgmma_in_flight(res):
         sig = {"a_desc": _desc_sig([bm, bk]), "w_desc": _desc_sig([bn, bk]), "c_desc": _desc_sig([bm, bn]),
                "res": "*i8", "s_rm": "i32", "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32", "K": "i32",
                "out_inv": "fp32", "res_scale": "fp32"}
-        consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "gelu_erf" if res else "relu", "STAGES": cfg["STAGES"]}
+        consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "gelu_erf" if res else "relu", "STAGES": cfg["STAGES"],
+                  "PDL": res}
         k = _compile_sm90(int8_gemm_wgmma._wgmma_gemm_kernel, sig, consts, cfg["num_warps"])
         ptx = k.asm["ptx"]
         assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx, cfg
         assert "fma.rn.f32" not in ptx, cfg  # the epilogue rounds products and sums apart, as the reference
+        assert ("griddepcontrol.wait" in ptx) == res, cfg  # programmatic dependent launch only when asked
 
 
 def test_wgmma_configs_fit_shared_memory():
@@ -282,7 +285,8 @@ def test_wgmma_stream_kernel_compiles_for_hopper_overlapping_loads_and_stores(re
             sig = {"a_desc": _desc_sig([bm, bk]), "w_desc": _desc_sig([bn, bk]), "c_desc": _desc_sig([bm, bn]),
                    "r_desc": _desc_sig([bm, bn]), "scale": "*fp32", "bias": "*fp32", "M": "i32", "N": "i32",
                    "out_inv": "fp32", "res_scale": "fp32"}
-            consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "relu", "KT": k // bk, "STAGES": cfg["STAGES"]}
+            consts = {"HAS_BIAS": True, "HAS_RES": res, "ACT": "relu", "KT": k // bk, "STAGES": cfg["STAGES"],
+                      "PDL": True}
             ptx = _compile_sm90(int8_gemm_wgmma._wgmma_stream_kernel, sig, consts, cfg["num_warps"]).asm["ptx"]
             assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared" in ptx, cfg
             assert "fma.rn.f32" not in ptx, cfg

@@ -209,11 +209,12 @@ def test_chain_kernel_compiles_for_hopper(residual, kx):
         sig |= {"M": "i32", "out_inv": "fp32", "res_scale": "fp32", "out2_inv": "fp32"}
         consts = {"HAS_BIAS": True, "HAS_RES": residual, "ACT": "relu", "HAS_BIAS2": True, "ACT2": "relu",
                   "HAS_X": bool(kx), "HAS_BIAS_X": bool(kx), "NC": n // bn, "STAGES": cfg["STAGES"],
-                  "RSTAGES": cfg["RSTAGES"]}
+                  "RSTAGES": cfg["RSTAGES"], "PDL": bool(kx)}
         kernel = triton.compile(GluonASTSource(int8_gemm_chain._chain_kernel, sig | dict.fromkeys(consts, "constexpr"),
                                                consts), target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})
         ptx = kernel.asm["ptx"]
+        assert ("griddepcontrol.wait" in ptx) == bool(kx), cfg  # programmatic dependent launch only when asked
         assert ptx.count("wgmma.mma_async") >= (3 if kx else 2) and "cp.async.bulk.tensor.2d.global.shared" in ptx
         assert "fma.rn.f32" not in ptx and ".local" not in ptx, cfg
         assert 0 <= int8_gemm_chain.smem_bytes(cfg, k, n, n2, residual, kx) - kernel.metadata.shared < 256, cfg

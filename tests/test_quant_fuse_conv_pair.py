@@ -144,7 +144,8 @@ def test_pair_kernel_compiles_for_hopper_with_one_wgmma_in_flight():
                "w2_desc": _desc_sig([bn, bk]), "y_desc": _desc_sig([1, bh, bw, bn]), "scale": "*fp32", "bias": "*fp32",
                "scale2": "*fp32", "bias2": "*fp32", "out_inv": "fp32"}
         sig |= dict.fromkeys("CO tiles_w tiles_hw tiles".split(), "i32")
-        consts = {"HAS_BIAS": True, "HAS_BIAS2": True, "ACT": "relu", "KT1": 1, "KT2": 1, "STAGES": cfg["STAGES"]}
+        consts = {"HAS_BIAS": True, "HAS_BIAS2": True, "ACT": "relu", "KT1": 1, "KT2": 1, "STAGES": cfg["STAGES"],
+                  "PDL": True}
         k = triton.compile(GluonASTSource(int8_conv_pair._pair_kernel, sig | dict.fromkeys(consts, "constexpr"),
                                           consts), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": cfg["num_warps"], "enable_fp_fusion": False})

@@ -14,6 +14,15 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton reads it when ke
 DEFAULT_SMEM = 48 * 1024  # bytes every CUDA device gives a block without opting in
 
 
+def pdl_args(device: torch.device) -> dict:
+    """Launch arguments for a kernel with a PDL constexpr: programmatic dependent launch on Hopper and later, off
+    under the interpreter or with KILN_PDL=0. The next kernel's programs then start as this one's last ones run,
+    load their weights, and wait (griddepcontrol.wait) for its results, instead of starting after it drains."""
+    on = (device.type == "cuda" and not INTERPRET and os.environ.get("KILN_PDL", "1") != "0"
+          and torch.cuda.get_device_capability(device) >= (9, 0))
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
 def dot_precision(dtype: torch.dtype, tf32: bool) -> str:
     """tl.dot input precision: fp32 layers stay in true fp32 ("ieee") unless TF32 is allowed."""
     return "ieee" if dtype == torch.float32 and not tf32 else "tf32"

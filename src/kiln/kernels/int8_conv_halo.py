@@ -16,7 +16,7 @@ import torch
 import triton
 
 from kiln.kernels import int8_gemm_wgmma as wg
-from kiln.kernels.common import tma_nhwc, widest_block
+from kiln.kernels.common import pdl_args, tma_nhwc, widest_block
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -73,7 +73,7 @@ if wg.gluon is not None:
     def _halo_conv_kernel(x_desc, t_desc, w_desc, y_desc, r_desc, scale, bias, CO, ph, pw, out_inv, res_scale,
                           tiles_w, tiles_hw, tiles, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
                           ACT: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, CB: gl.constexpr,
-                          STAGES: gl.constexpr):
+                          STAGES: gl.constexpr, PDL: gl.constexpr):
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
@@ -98,6 +98,7 @@ if wg.gluon is not None:
         mbarrier.expect(bars.index(STAGES), KH * KW * CB * BN * BK)
         for j in gl.static_range(KH * KW * CB):  # column j·BK of [CO, KH·KW·C]: tap j // CB, channel block j % CB
             wg._tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
+        wg.gdc_start(PDL)  # the weights load while the previous kernel drains
         nbytes: gl.constexpr = KW * (BH + T) * BW * BK
         for i in gl.static_range(STAGES - 1):
             _halo_issue(x_desc, t_desc, i, CB, first, step, tiles_w, tiles_hw, ph, pw, bars.index(i), a_s, i,
@@ -224,5 +225,5 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
         wg._desc(y4, [1, bh, bw, bn]), wg._desc(r4, [1, bh, bw, bn]), scale, bias if bias is not None else scale, co,
         pads[0], pads[1], inv_scale(out_scale), float(res_scale or 1.0), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KH=kh, KW=kw, CB=c // bk,
-        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
+        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False, **pdl_args(x.device))
     return y

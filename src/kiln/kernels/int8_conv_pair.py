@@ -13,7 +13,7 @@ import torch
 import triton
 
 from kiln.kernels import int8_gemm_wgmma as wg
-from kiln.kernels.common import tma_nhwc, widest_block
+from kiln.kernels.common import pdl_args, tma_nhwc, widest_block
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -78,7 +78,7 @@ if wg.gluon is not None:
     @gluon.jit
     def _pair_kernel(x_desc, w_desc, x2_desc, w2_desc, y_desc, scale, bias, scale2, bias2, CO, out_inv, tiles_w,
                      tiles_hw, tiles, HAS_BIAS: gl.constexpr, HAS_BIAS2: gl.constexpr, ACT: gl.constexpr,
-                     KT1: gl.constexpr, KT2: gl.constexpr, STAGES: gl.constexpr):
+                     KT1: gl.constexpr, KT2: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[2]
         BK: gl.constexpr = x_desc.block_type.shape[3]
@@ -103,6 +103,7 @@ if wg.gluon is not None:
             wg._tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
         for j in gl.static_range(KT2):
             wg._tma_load(w2_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(KT1 + j))
+        wg.gdc_start(PDL)  # the weights load while the previous kernel drains
         for i in gl.static_range(STAGES - 1):
             _pair_issue(x_desc, x2_desc, i, KT1, KT, first, step, tiles_w, tiles_hw, bars.index(i), a_s.index(i),
                         i < units)
@@ -197,5 +198,5 @@ def conv_pair(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
         wg._desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale, bias if bias is not None else scale, scale2,
         bias2 if bias2 is not None else scale2, co, inv_scale(out_scale), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_BIAS2=bias2 is not None, ACT=activation, KT1=c // bk, KT2=x2.shape[1] // bk,
-        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
+        STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False, **pdl_args(x.device))
     return y

@@ -13,6 +13,7 @@ import torch
 import triton
 
 from kiln.kernels import int8_gemm_wgmma as wg
+from kiln.kernels.common import pdl_args
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
@@ -75,7 +76,8 @@ if wg.gluon is not None:
     def _chain_kernel(a_desc, w_desc, r_desc, w2_desc, y_desc, z_desc, x_desc, wx_desc, scale, bias, scale2, bias2,
                       scale_x, bias_x, M, out_inv, res_scale, out2_inv, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
                       ACT: gl.constexpr, HAS_BIAS2: gl.constexpr, ACT2: gl.constexpr, HAS_X: gl.constexpr,
-                      HAS_BIAS_X: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr, RSTAGES: gl.constexpr):
+                      HAS_BIAS_X: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr, RSTAGES: gl.constexpr,
+                      PDL: gl.constexpr):
         BM: gl.constexpr = a_desc.block_type.shape[0]
         K: gl.constexpr = a_desc.block_type.shape[1]
         BN: gl.constexpr = w_desc.block_type.shape[0]
@@ -103,6 +105,7 @@ if wg.gluon is not None:
             wg._tma_load(w2_desc, [0, j * BN], wbar, w2_s.index(j))
             if HAS_X:
                 wg._tma_load(wx_desc, [j * BN, 0], wbar, wx_s.index(j))
+        wg.gdc_start(PDL)  # the weights load while the previous kernel drains
         for u in gl.static_range(STAGES - 1):
             _rows_issue(a_desc, a_s, x_desc, x_s, bars, u, first, step, STAGES, HAS_X, u < count)
         if HAS_RES:
@@ -238,6 +241,6 @@ def chain(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Ten
         bias_x if bias_x is not None else scale_x, m, inv_scale(out_scale), float(res_scale or 1.0),
         inv_scale(out2_scale), HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
         HAS_BIAS2=bias2 is not None, ACT2=activation2, HAS_X=shortcut is not None, HAS_BIAS_X=bias_x is not None,
-        NC=n // bn, STAGES=config["STAGES"],
-        RSTAGES=config["RSTAGES"], num_warps=config["num_warps"], enable_fp_fusion=False)
+        NC=n // bn, STAGES=config["STAGES"], RSTAGES=config["RSTAGES"], num_warps=config["num_warps"],
+        enable_fp_fusion=False, **pdl_args(a.device))
     return y, z

@@ -30,7 +30,7 @@ try:  # Gluon is experimental: without it (or on an older triton) the tactic ref
 except ImportError:  # pragma: no cover
     gluon = None
 
-from kiln.kernels.common import tma_nhwc
+from kiln.kernels.common import pdl_args, tma_nhwc
 from kiln.kernels.int8_gemm import MAGIC_BITS, ROUND_MAGIC
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
@@ -66,6 +66,15 @@ def available() -> bool:
 
 if gluon is not None:
     @gluon.jit
+    def gdc_start(PDL: gl.constexpr):
+        """Under programmatic dependent launch (kernels/common.pdl_args): let the next kernel's programs start, then
+        wait until the previous kernel's results are visible. Everything before it must touch only constants."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _issue(a_desc, a_coord, w_desc, w_coord, bar, a_dst, w_dst, nbytes: gl.constexpr, pred):
         """One pipeline step's loads: the A (input) and W tiles by TMA, both signalling `bar`."""
         mbarrier.expect(bar, nbytes, pred=pred)
@@ -96,7 +105,8 @@ if gluon is not None:
     @gluon.jit
     def _wgmma_gemm_kernel(a_desc, w_desc, c_desc, res, s_rm, scale, bias, M, N, K, out_inv, res_scale,
                            HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr,
-                           STAGES: gl.constexpr):
+                           STAGES: gl.constexpr, PDL: gl.constexpr):
+        gdc_start(PDL)
         BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -142,7 +152,7 @@ if gluon is not None:
     @gluon.jit
     def _wgmma_stream_kernel(a_desc, w_desc, c_desc, r_desc, scale, bias, M, N, out_inv, res_scale,
                              HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, ACT: gl.constexpr, KT: gl.constexpr,
-                             STAGES: gl.constexpr):
+                             STAGES: gl.constexpr, PDL: gl.constexpr):
         """Persistent GEMM for short reductions (ResNet's 1x1 convs): a program keeps its [BLOCK_N, K] weight block in
         shared memory and walks m-tiles, their rows (and int8 residual tiles) arriving by TMA through a ring of
         STAGES slots, STAGES - 1 tiles ahead of the one multiplied, requantized and stored, so that the memory
@@ -166,6 +176,7 @@ if gluon is not None:
         mbarrier.expect(bars.index(STAGES), KT * BLOCK_N * BLOCK_K)
         for kk in gl.static_range(KT):
             _tma_load(w_desc, [off_n, kk * BLOCK_K], bars.index(STAGES), w_s.index(kk))
+        gdc_start(PDL)  # the weights load while the previous kernel drains
         nbytes: gl.constexpr = KT * BLOCK_M * BLOCK_K + (BLOCK_M * BLOCK_N if HAS_RES else 0)
         for j in gl.static_range(STAGES - 1):
             _stream_issue(a_desc, r_desc, (first + j * step) * BLOCK_M, off_n, bars.index(j), a_s, r_s, j, nbytes,
@@ -251,10 +262,11 @@ if gluon is not None:
     def _wgmma_conv_kernel(x_desc, w_desc, scale, bias, res, y, N, OH, OW, CO, C, KW, ph, pw, dh, dw, out_inv,
                            res_scale, s_rn, s_rh, s_rw, s_yn, s_yh, s_yw, NUM_K, HAS_BIAS: gl.constexpr,
                            HAS_RES: gl.constexpr, ACT: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr,
-                           SW: gl.constexpr):
+                           SW: gl.constexpr, PDL: gl.constexpr):
         """Implicit-GEMM conv: per step a 5-D TMA box [BI, BH, 1, BW, BLOCK_K] of the input's phase view (BI images,
         zero fill is the padding), seen as [BI·BH·BW, BLOCK_K] in shared memory and fed to wgmma from there, one
         wgmma in flight; channels contiguous in y and the residual (NHWC)."""
+        gdc_start(PDL)
         BI: gl.constexpr = x_desc.block_type.shape[0]
         BH: gl.constexpr = x_desc.block_type.shape[1]
         BW: gl.constexpr = x_desc.block_type.shape[3]
@@ -376,13 +388,14 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
             _desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), _desc(r, [bm, bn]), scale,
             bias if bias is not None else scale, m, n, inv_scale(out_scale), float(res_scale or 1.0),
             HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KT=k // bk,
-            STAGES=config.get("STAGES", 2), num_warps=config["num_warps"], enable_fp_fusion=False)
+            STAGES=config.get("STAGES", 2), num_warps=config["num_warps"], enable_fp_fusion=False,
+            **pdl_args(a.device))
         return c
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _wgmma_gemm_kernel[grid](_desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), r, r.stride(0), scale,
                              bias if bias is not None else scale, m, n, k, inv_scale(out_scale),
                              float(res_scale or 1.0), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                             ACT=activation, STAGES=config["STAGES"], num_warps=config["num_warps"],
+                             ACT=activation, STAGES=config["STAGES"], num_warps=config["num_warps"], **pdl_args(a.device),
                              enable_fp_fusion=False)  # products and sums rounded apart, as the reference
     return c
 
@@ -450,5 +463,5 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
                              float(res_scale or 1.0), r.stride(0), r.stride(2), r.stride(3), y.stride(0), y.stride(2),
                              y.stride(3), kh * kw * triton.cdiv(c, bk), HAS_BIAS=bias is not None,
                              HAS_RES=residual is not None, ACT=activation, STAGES=config["STAGES"], SH=sh, SW=sw,
-                             num_warps=config["num_warps"], enable_fp_fusion=False)
+                             num_warps=config["num_warps"], enable_fp_fusion=False, **pdl_args(x.device))
     return y
