@@ -84,13 +84,10 @@ def _strides(spec: LayerSpec) -> tuple[int, int]:
 
 
 def _strided_reason(spec: LayerSpec) -> str | None:
-    """Why the phase view (kernels/int8_gemm_wgmma.phase_view) cannot take a strided conv's input, or None."""
-    a, w, shape = spec.attrs, spec.inputs[1].const, spec.inputs[0].shape
+    """Why the phase view (kernels/int8_gemm_wgmma.phase_view) cannot take this strided conv's input, or None."""
+    a, w, shape, strides = spec.attrs, spec.inputs[1].const, spec.inputs[0].shape, _strides(spec)
     if spec.kind != "QuantConv" or w is None or w.dim() != 4 or a.get("group", 1) != 1:
         return "2-D convolutions of group 1 only"
-    strides = _strides(spec)
-    if strides == (1, 1):
-        return None
     if not all(isinstance(d, int) for d in shape[2:]) or shape[2] % strides[0] or shape[3] % strides[1]:
         return "strided convs of static maps whose sides are multiples of the strides only"
     if w.shape[1] % 64 or any(p >= 8 * st for p, st in zip(resolve_pads(tuple(shape[2:]), a), strides * 2)):
@@ -99,9 +96,7 @@ def _strided_reason(spec: LayerSpec) -> str | None:
 
 
 def _supports_conv(spec: LayerSpec, device) -> str | None:
-    reason = _strided_reason(spec)
-    if reason is None and _strides(spec) == (1, 1):
-        reason = _conv_reason(spec)
+    reason = _conv_reason(spec) if _strides(spec) == (1, 1) else _strided_reason(spec)
     return int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or reason or _device_reason(device)
 
 
