@@ -5,15 +5,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.kiln-installed
+# Every other package is pinned by constraints.txt: a fresh clone installs exactly what CI tested.
+PIN     = -c constraints.txt
 # The CPU build of torch (a local wheel on our machines); a GPU machine keeps the torch it has.
 TORCH  ?= torch==2.13.0
 
 .PHONY: demo test conformance clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q $(PIN) -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from kiln.frontend.onnx import import_onnx
-from opcheck import check_op, make_model
+import kiln
+from opcheck import DEVICE, check_op, make_model
 
 rng = np.random.default_rng(0)
 
@@ -86,3 +87,14 @@ def test_einsum_int64():
 @pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (2, 1, 2, 2)])
 def test_det(shape):
     check_op("Det", {"x": randn(*shape)}, opset=11)
+
+
+def test_matmul_integer_where_int16_pair_sums_would_saturate():
+    """255 × -128 twice is -65280: a kernel that sums product pairs in int16 saturates; kiln must not."""
+    a = np.full((2, 8), 255, np.uint8)
+    b = np.stack([np.full(8, -128), np.full(8, 127), np.arange(8) * 36 - 128], axis=1).astype(np.int8)
+    want = a.astype(np.int32) @ b.astype(np.int32)
+    assert want.min() < np.iinfo(np.int16).min < np.iinfo(np.int16).max < want.max()  # both ways past int16
+    model = make_model("MatMulInteger", {"a": a}, constants={"b": b}, opset=10)
+    got = kiln.build(model, kiln.BuildConfig(device=DEVICE)).create_context().run({"a": a})["out0"]
+    np.testing.assert_array_equal(got, want)
