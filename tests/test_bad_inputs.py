@@ -1,4 +1,4 @@
-"""Bad inputs 1–15 of shared/reference/bad-inputs.md: each gets a clear KilnError, never a crash or a hang."""
+"""Bad inputs 1–20 of shared/reference/bad-inputs.md: each gets a clear KilnError, never a crash or a hang."""
 
 from __future__ import annotations
 
@@ -6,18 +6,23 @@ import importlib
 import json
 import os
 import pickle  # only to craft a hostile file in a test; kiln itself never imports pickle
+import re
 import struct
 
 import numpy as np
 import onnx
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx import TensorProto as T, helper, numpy_helper
 
 import kiln
 from kiln.engine import plan as planfile
-from kiln.errors import (EngineCompatibilityError, KilnError, ModelError, PlanError, ResourceLimitError,
+from kiln.errors import (EngineCompatibilityError, InputError, KilnError, ModelError, PlanError, ResourceLimitError,
                          SecurityError, ShapeError, UnsupportedOpError)
+from kiln.ir import DType
+from kiln.runtime.io import check_byte_length
+from tests.test_cli import assert_one_error_line, invoke
 
 
 def _model(nodes=None, inputs=None, outputs=None, inits=(), opset=17, **kw):
@@ -88,6 +93,17 @@ def test_3_dangling_input_and_cycle():
            helper.make_node("Relu", ["a"], ["y"], name="n3")]
     with pytest.raises(ModelError, match="n1|n2|cycle|topolog"):
         _build(_model(cyc))
+
+
+def test_3_inspect_fails_on_a_cycle(tmp_path):
+    """`kiln inspect` exits non-zero with the error naming the node, not a table row ending in exit 0."""
+    cyc = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
+           helper.make_node("Relu", ["a"], ["y"], name="n3")]
+    onnx.save(_model(cyc), tmp_path / "cyc.onnx")
+    for args in ([], ["--json"]):
+        result = invoke("inspect", str(tmp_path / "cyc.onnx"), *args)
+        assert_one_error_line(result, "topologically sorted", "n1")
+        assert result.stdout == ""
 
 
 # 4 ------------------------------------------------------------------------------------------
@@ -247,6 +263,17 @@ def test_10_external_data_ok_then_each_attack(tmp_path):
         _build(_external_model(tmp_path, "w.bin", offset=16, length=24))
 
 
+def test_10_inspect_refuses_dotdot_external_data(tmp_path):
+    """`kiln inspect` exits non-zero on a `..` location, before printing a report; a good location inspects."""
+    (tmp_path / "model").mkdir()
+    _weights(tmp_path / "model" / "w.bin")
+    assert invoke("inspect", str(_external_model(tmp_path, "w.bin"))).exit_code == 0
+    _weights(tmp_path / "secret.bin")
+    result = invoke("inspect", str(_external_model(tmp_path, "../secret.bin")))
+    assert_one_error_line(result, "'..' is not allowed")
+    assert result.stdout == ""
+
+
 def test_11_unknown_external_data_keys_are_ignored(tmp_path):
     (tmp_path / "model").mkdir()
     _weights(tmp_path / "model" / "w.bin")
@@ -327,3 +354,125 @@ def test_15_pickles_and_foreign_files_refused(tmp_path):
     p.write_bytes(planfile.PREFIX.pack(planfile.MAGIC, planfile.FORMAT_VERSION, len(header)) + header + payload)
     with pytest.raises(PlanError, match="safetensors|pickle"):
         kiln.load(p)
+
+
+# 16–20: inference inputs, through the Python API and `kiln run` --------------------------------
+def _io_model(batch="b"):
+    """y = relu(x + k), n = -x, all [batch, 4]: two inputs, to check names, dtypes, shapes and IEEE values."""
+    io = lambda n: helper.make_tensor_value_info(n, T.FLOAT, [batch, 4])  # noqa: E731
+    return _model([helper.make_node("Add", ["x", "k"], ["s"], name="add0"),
+                   helper.make_node("Relu", ["s"], ["y"], name="relu0"),
+                   helper.make_node("Neg", ["x"], ["n"], name="neg0")],
+                  [io("x"), io("k")], [io("y"), io("n")])
+
+
+def _profiled():
+    """The io model for batches 0..4 (its only profile)."""
+    r = kiln.ShapeRange((0, 4), (2, 4), (4, 4))
+    return kiln.build(_io_model(), kiln.BuildConfig(device="cpu", profiles=({"x": r, "k": r},)))
+
+
+@pytest.fixture
+def io_plan(tmp_path):
+    onnx.save(_io_model(), tmp_path / "io.onnx")
+    result = invoke("build", str(tmp_path / "io.onnx"), "-o", str(tmp_path / "io.plan"), "--device", "cpu",
+                    "--min-shapes", "x:0x4,k:0x4", "--max-shapes", "x:4x4,k:4x4")
+    assert result.exit_code == 0, result.output
+    return str(tmp_path / "io.plan")
+
+
+def _files(folder, **arrays) -> list[str]:
+    """`--input name=file.npy` arguments for `arrays`, saved in `folder`."""
+    args = []
+    for name, a in arrays.items():
+        np.save(folder / f"{name}.npy", a)
+        args += ["--input", f"{name}={folder / f'{name}.npy'}"]
+    return args
+
+
+def _strict_json(text: str):
+    """Parse as strict JSON: NaN, Infinity and -Infinity literals are not JSON."""
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON output"))
+
+
+def test_16_wrong_missing_or_extra_input_names(io_plan, tmp_path):
+    ctx = _profiled().create_context()
+    x = np.ones((2, 4), np.float32)
+    for feeds, why in [({"x": x}, "missing ['k']"), ({"x": x, "k": x, "z": x}, "unexpected ['z']"),
+                       ({"X": x, "k": x}, "missing ['x'], unexpected ['X']")]:
+        with pytest.raises(InputError, match=re.escape(why)) as e:
+            ctx.run(feeds)
+        assert "the engine expects ['x', 'k']" in str(e.value)
+    assert_one_error_line(invoke("run", io_plan, *_files(tmp_path, x=x)), "missing ['k']", "expects ['x', 'k']")
+    assert_one_error_line(invoke("run", io_plan, *_files(tmp_path, x=x, k=x, z=x)), "unexpected ['z']",
+                          "expects ['x', 'k']")
+
+
+def test_17_wrong_dtype_or_byte_length(io_plan, tmp_path):
+    ctx = _profiled().create_context()
+    x = np.ones((2, 4), np.float32)
+    for bad, got in [(x.astype(np.float64), "float64"), (x.astype(np.int32), "int32"),
+                     (torch.ones(2, 4, dtype=torch.float16), "float16")]:
+        with pytest.raises(InputError, match=f"input 'k': expected dtype float32, got {got}"):
+            ctx.run({"x": x, "k": bad})
+    # raw buffers (what a server receives): byte length must be prod(shape) x itemsize
+    with pytest.raises(InputError, match=r"31 bytes given, but shape \[2, 4\] of float32 needs 32 bytes"):
+        check_byte_length("x", bytes(31), DType.FLOAT32, (2, 4))
+    check_byte_length("x", bytes(32), DType.FLOAT32, (2, 4))
+    # CLI: a .npy of another dtype, one cut short, one with bytes past its header's shape
+    assert_one_error_line(invoke("run", io_plan, *_files(tmp_path, x=x, k=x.astype(np.float64))),
+                          "expected dtype float32, got float64")
+    blob = (tmp_path / "k.npy").read_bytes()
+    (tmp_path / "k.npy").write_bytes(blob[:-5])
+    args = ["run", io_plan, "--input", f"x={tmp_path / 'x.npy'}", "--input", f"k={tmp_path / 'k.npy'}"]
+    assert_one_error_line(invoke(*args), "k.npy")
+    (tmp_path / "k.npy").write_bytes(blob + bytes(8))
+    assert_one_error_line(invoke(*args), "k.npy", "72 data bytes", "[2, 4] of float64 needs 64")
+
+
+def test_18_shape_outside_every_profile(io_plan, tmp_path):
+    """An error naming the profile's range, never a rebuild; the context still runs shapes inside it."""
+    engine = _profiled()
+    ctx = engine.create_context()
+    big = np.ones((8, 4), np.float32)
+    with pytest.raises(InputError, match="outside every optimization profile") as e:
+        ctx.run({"x": big, "k": big})
+    assert "x 0x4..4x4" in str(e.value) and "x 8x4" in str(e.value)
+    assert engine.config.profiles[0]["x"].max == (4, 4)
+    assert ctx.run({"x": big[:4], "k": big[:4]})["y"].shape == (4, 4)
+    static = _build(_model()).create_context()
+    with pytest.raises(InputError, match=re.escape("expected shape [2,3], got [2, 5]")):
+        static.run({"x": np.ones((2, 5), np.float32)})
+    assert_one_error_line(invoke("run", io_plan, *_files(tmp_path, x=big, k=big)),
+                          "outside every optimization profile", "x 0x4..4x4")
+
+
+def test_19_empty_batch_and_zero_size_dims(io_plan, tmp_path):
+    empty = np.zeros((0, 4), np.float32)
+    for engine in (_profiled(), _build(_io_model(batch=0))):
+        out = engine.create_context().run({"x": empty, "k": empty})
+        assert {k: (v.shape, v.dtype) for k, v in out.items()} == {"y": ((0, 4), np.float32), "n": ((0, 4), np.float32)}
+    result = invoke("run", io_plan, *_files(tmp_path, x=empty, k=empty), "--json")
+    assert result.exit_code == 0, result.output
+    assert _strict_json(result.stdout)["y"] == {"shape": [0, 4], "dtype": "float32", "file": None}
+
+
+def test_20_nan_and_inf_follow_ieee_and_json_stays_parseable(io_plan, tmp_path):
+    nan, inf = np.nan, np.inf
+    x = np.array([[nan, inf, -inf, 1], [-0.0, 3e38, inf, -1]], np.float32)
+    k = np.array([[1, 1, inf, -inf], [0, 3e38, -inf, 0]], np.float32)  # 3e38 + 3e38 overflows to inf
+    out = _profiled().create_context().run({"x": x, "k": k})
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.testing.assert_array_equal(out["y"], np.maximum(x + k, 0))  # NaN where IEEE says (inf - inf, NaN + 1)
+    np.testing.assert_array_equal(out["n"], -x)
+    assert np.isnan(out["y"][0, 0]) and np.isnan(out["y"][1, 2]) and out["y"][1, 1] == inf
+    # --json: NaN is null, ±Inf the strings "Infinity" / "-Infinity"; no warning lines on stderr
+    x, k = np.array([[-inf, inf, 0, 1]], np.float32), np.zeros((1, 4), np.float32)
+    result = invoke("run", io_plan, *_files(tmp_path, x=x, k=k), "--json")
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    d = _strict_json(result.stdout)
+    assert (d["y"]["min"], d["y"]["max"], d["y"]["mean"]) == (0.0, "Infinity", "Infinity")
+    assert (d["n"]["min"], d["n"]["max"], d["n"]["mean"]) == ("-Infinity", "Infinity", None)  # inf - inf: NaN
+    x[0, 0] = nan
+    d = _strict_json(invoke("run", io_plan, *_files(tmp_path, x=x, k=k), "--json").stdout)
+    assert d["n"]["min"] is None and d["n"]["max"] is None and d["n"]["mean"] is None

@@ -20,8 +20,9 @@ from kiln.cli.output import add_row, fmt_arena, fmt_bytes, key_values, print_jso
 from kiln.quant.report import layer_precisions, size_breakdown
 from kiln.engine import plan
 from kiln.engine.serialize import network_from_json
-from kiln.errors import ConfigError, KilnError, ModelError
+from kiln.errors import ConfigError, ModelError, UnsupportedOpError
 from kiln.frontend.onnx import import_onnx, load_onnx
+from kiln.frontend.onnx.external_data import external_tensors, resolve_location
 from kiln.frontend.onnx.loader import parse, validate_fields
 from kiln.frontend.onnx.registry import lookup
 from kiln.kinds import quantized
@@ -135,6 +136,8 @@ def describe_onnx(path: Path) -> dict:
         raise ModelError(f"model file {path} does not exist or is not a file")
     proto = parse(path.read_bytes(), str(path))
     validate_fields(proto, str(path))
+    for t in external_tensors(proto):  # a location leaving the model's folder is an error, not a table row
+        resolve_location(path.parent, {e.key: e.value for e in t.external_data}.get("location", ""), t.name)
     graph = proto.graph
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
     counts = collections.Counter(("" if n.domain == "ai.onnx" else n.domain, n.op_type) for n in _nodes(graph))
@@ -154,13 +157,13 @@ def describe_onnx(path: Path) -> dict:
 
 def planned_fusions(path: Path) -> dict:
     """Import the model and run the build's graph passes (no device, no tuning): which layers several ONNX
-    nodes become, by kind, and what each pass did. A model that does not import reports why instead."""
+    nodes become, by kind, and what each pass did. An op kiln cannot import is reported; an invalid model raises."""
     try:
         net = import_onnx(load_onnx(path).proto)
         imported = len(net.layers)
         pctx = PassContext()
         net = run_passes(net, default_passes(), pctx)
-    except KilnError as e:
+    except UnsupportedOpError as e:
         return {"error": one_line(e)}
     fused = [layer for layer in net.layers if len(layer.origin) > 1]
     kinds: dict[str, dict[str, int]] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from typing import Iterator
 
 import typer
@@ -34,8 +35,19 @@ def status(message: str) -> None:
 
 
 def print_json(obj) -> None:
-    """JSON on stdout, unwrapped (rich would wrap long lines)."""
-    typer.echo(json.dumps(obj, indent=2, default=str))
+    """Strict JSON on stdout, unwrapped (rich would wrap long lines): NaN becomes null, ±Inf "Infinity"/"-Infinity"."""
+    typer.echo(json.dumps(finite(obj), indent=2, default=str, allow_nan=False))
+
+
+def finite(obj):
+    """`obj` with each non-finite float replaced, as JSON has none: NaN → None, ±Inf → "Infinity"/"-Infinity"."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else "Infinity" if obj > 0 else "-Infinity"
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def fmt_bytes(n: int | None) -> str:

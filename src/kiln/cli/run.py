@@ -16,11 +16,13 @@ from kiln.cli.output import add_row, print_json, stdout
 
 
 def describe(value: np.ndarray) -> dict:
-    """Shape, dtype and value range of one output (no range for empty, text or complex arrays)."""
+    """Shape, dtype and value range of one output (no range for empty, text or complex arrays); NaN and ±Inf
+    propagate as IEEE says (a NaN anywhere makes min, max and mean NaN)."""
     d = {"shape": list(value.shape), "dtype": str(value.dtype)}
     if value.size and value.dtype.kind not in "OUSc":  # ml_dtypes (bf16, fp8, int4) have kind V and cast to float
         as_f64 = value.astype(np.float64)
-        d.update(min=float(as_f64.min()), max=float(as_f64.max()), mean=float(as_f64.mean()))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf in the mean: NaN, not a warning line
+            d.update(min=float(as_f64.min()), max=float(as_f64.max()), mean=float(as_f64.mean()))
     return d
 
 
