@@ -301,22 +301,27 @@ def test_13_truncated_flipped_empty_plans(tmp_path):
     p = tmp_path / "m.plan"
     _build(_model()).save(p)
     data = p.read_bytes()
+    hdr = planfile.PREFIX.size + 10  # a byte inside the header JSON
     for bad, why in [(b"", "empty|truncated"), (data[:-7], "truncated"), (data[:20], "truncated"),
-                     (data[:-3] + bytes([data[-3] ^ 0x40]) + data[-2:], "checksum")]:
+                     (data[:-3] + bytes([data[-3] ^ 0x40]) + data[-2:], "checksum"),
+                     (data[:hdr] + bytes([data[hdr] ^ 0x01]) + data[hdr + 1:], "header checksum"),
+                     (data[:20] + bytes([data[20] ^ 0x80]) + data[21:], "header checksum"),  # the stored digest
+                     (data[:8] + struct.pack("<I", 1) + data[12:], "format 1.*rebuild")]:  # an old-format plan
         p.write_bytes(bad)
         with pytest.raises(PlanError, match=why):
+            kiln.load(p)
+    for k in range(200):  # 200 single-bit flips spread over the prefix and header: all refused
+        pos = k * 7 % (planfile.PREFIX.size + planfile.PREFIX.unpack(data[:planfile.PREFIX.size])[2])
+        p.write_bytes(data[:pos] + bytes([data[pos] ^ (1 << k % 8)]) + data[pos + 1:])
+        with pytest.raises(PlanError):
             kiln.load(p)
 
 
 # 14 ------------------------------------------------------------------------------------------
 def _rewrite_header(path, **changes):
-    data = path.read_bytes()
-    _, version, hlen = planfile.PREFIX.unpack(data[:planfile.PREFIX.size])
-    header = json.loads(data[planfile.PREFIX.size:planfile.PREFIX.size + hlen])
-    for k, v in changes.items():
-        header["device"][k] = v
-    h = json.dumps(header).encode()
-    path.write_bytes(planfile.PREFIX.pack(planfile.MAGIC, version, len(h)) + h + data[planfile.PREFIX.size + hlen:])
+    header, payload = planfile.unpack(path.read_bytes())
+    header["device"].update(changes)
+    path.write_bytes(planfile.pack_header(header) + payload)
 
 
 def test_14_other_versions_strict_and_warn(tmp_path):
@@ -329,10 +334,35 @@ def test_14_other_versions_strict_and_warn(tmp_path):
     with pytest.warns(UserWarning, match="0.0.1"):
         engine = kiln.load(p, policy="warn")
     assert engine.run({"x": -np.ones((2, 3), np.float32)})["y"].max() == 0
-    _rewrite_header(p, backend="cuda", name="NVIDIA H100 80GB HBM3")
+    _rewrite_header(p, backend="cuda", name="NVIDIA H100 80GB HBM3", cc="9.0", sms=132, memory=80 << 30,
+                    cuda="12.8", driver="570.1")
     if not __import__("torch").cuda.is_available():
         with pytest.raises(EngineCompatibilityError, match="H100"):
             kiln.load(p, policy="warn")
+
+
+def test_14_fingerprint_keys_are_all_required_and_known(tmp_path):
+    """A misspelt or missing compatibility key is refused under every policy, never silently ignored."""
+    p = tmp_path / "m.plan"
+    _build(_model()).save(p)
+    good = p.read_bytes()
+    header, payload = planfile.unpack(good)
+    device = header["device"]
+    for bad, why in [({k if k != "torch" else "tOrch": v for k, v in device.items()}, r"lacks \['torch'\].*'tOrch'"),
+                     ({k: v for k, v in device.items() if k not in ("kiln", "torch", "triton")}, "lacks"),
+                     (dict(device, torch=2), "mistypes"), (dict(device, cc="9.0"), "unknown keys")]:
+        p.write_bytes(planfile.pack_header(dict(header, device=bad)) + payload)
+        for policy in ("strict", "warn", "retune"):
+            with pytest.raises(EngineCompatibilityError, match=why):
+                kiln.load(p, policy=policy)
+    for edit, why in [({"tOrch": "1"}, "unknown keys"), ({"rebuild": None}, "'rebuild' is a NoneType"),
+                      ({"format": 1}, "format 1")]:
+        p.write_bytes(planfile.pack_header(dict(header, **edit)) + payload)
+        with pytest.raises(PlanError, match=why):
+            kiln.load(p)
+    p.write_bytes(planfile.pack_header({k: v for k, v in header.items() if k != "source_sha256"}) + payload)
+    with pytest.raises(PlanError, match="lacks"):
+        kiln.load(p)
 
 
 # 15 ------------------------------------------------------------------------------------------
@@ -349,9 +379,9 @@ def test_15_pickles_and_foreign_files_refused(tmp_path):
     payload = struct.pack("<Q", len(manifest)) + manifest + pickle.dumps(os.system)
     import hashlib
 
-    header = json.dumps({"payload_bytes": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest(),
-                         "device": {"backend": "cpu"}}).encode()
-    p.write_bytes(planfile.PREFIX.pack(planfile.MAGIC, planfile.FORMAT_VERSION, len(header)) + header + payload)
+    header = dict(planfile.unpack(_build(_model()).serialize())[0], payload_bytes=len(payload),
+                  payload_sha256=hashlib.sha256(payload).hexdigest())
+    p.write_bytes(planfile.pack_header(header) + payload)
     with pytest.raises(PlanError, match="safetensors|pickle"):
         kiln.load(p)
 

@@ -40,13 +40,10 @@ def _plan(tmp_path, **config):
 
 
 def _rewrite_header(path, top=None, **device):
-    data = path.read_bytes()
-    _, version, hlen = planfile.PREFIX.unpack(data[:planfile.PREFIX.size])
-    header = json.loads(data[planfile.PREFIX.size:planfile.PREFIX.size + hlen])
+    header, payload = planfile.unpack(path.read_bytes())
     header["device"].update(device)
     header.update(top or {})
-    h = json.dumps(header).encode()
-    path.write_bytes(planfile.PREFIX.pack(planfile.MAGIC, version, len(h)) + h + data[planfile.PREFIX.size + hlen:])
+    path.write_bytes(planfile.pack_header(header) + payload)  # a well-formed edit: the header checksum recomputed
 
 
 def test_header_records_fingerprint_compat_class_and_rebuild_command(tmp_path):
@@ -132,9 +129,9 @@ def test_retune_reruns_the_autotuner_with_cache_and_compat_class(tmp_path, monke
     assert planfile.read_header(tmp_path / "r.plan")["hardware_compat"] == "same-cc"
 
 
-H100 = {"backend": "cuda", "name": "NVIDIA H100 PCIe", "cc": "9.0", "sms": 114, "memory": 85e9, "kiln": "0.1.0",
+H100 = {"backend": "cuda", "name": "NVIDIA H100 PCIe", "cc": "9.0", "sms": 114, "memory": 85 * 10**9, "kiln": "0.1.0",
         "torch": "2.13.0", "triton": "3.9.0", "cuda": "12.8", "driver": "570.1"}
-H200 = dict(H100, name="NVIDIA H200", sms=132, memory=150e9, driver="575.2")
+H200 = dict(H100, name="NVIDIA H200", sms=132, memory=150 * 10**9, driver="575.2")
 
 
 class _FakeGPU:
@@ -160,7 +157,9 @@ def test_gpu_policies_by_hardware_compat_class(on_h200):
     with pytest.raises(EngineCompatibilityError) as e:
         compat.check(none, "strict", "m.plan")
     assert "NVIDIA H100 PCIe" in str(e.value) and "NVIDIA H200" in str(e.value)
-    assert "`kiln build m.onnx -o m.plan --fp16`" in str(e.value) and "kiln retune m.plan" in str(e.value)
+    # the plan's recorded command is quoted as data, not offered as a command to run
+    assert "the plan says it was built with: 'kiln build m.onnx -o m.plan --fp16'" in str(e.value)
+    assert "`kiln build m.onnx -o m.plan --fp16`" not in str(e.value) and "kiln retune m.plan" in str(e.value)
     with pytest.warns(CompatibilityWarning, match="H100 PCIe"):
         compat.check(none, "warn", "m.plan")
     for cls in ("same-cc", "portable"):  # loads under strict, saying where it was tuned

@@ -32,12 +32,9 @@ def keys(tmp_path):
 
 def _header_edit(path, **changes):
     """Rewrite header fields, keeping the (now stale) signature."""
-    data = path.read_bytes()
-    _, version, hlen = planfile.PREFIX.unpack(data[:planfile.PREFIX.size])
-    header = json.loads(data[planfile.PREFIX.size:planfile.PREFIX.size + hlen])
+    header, payload = planfile.unpack(path.read_bytes())
     header.update(changes)
-    h = json.dumps(header).encode()
-    path.write_bytes(planfile.PREFIX.pack(planfile.MAGIC, version, len(h)) + h + data[planfile.PREFIX.size + hlen:])
+    path.write_bytes(planfile.pack_header(header) + payload)  # header checksum recomputed: the signature must catch it
 
 
 def test_sign_verify_and_refusals(tmp_path, keys):

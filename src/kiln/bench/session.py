@@ -16,7 +16,7 @@ from kiln.bench.clocks import read_clocks
 from kiln.bench.phases import IterationTimes, make_query, sleep_cycles_per_ms
 from kiln.bench.result import BenchResult
 from kiln.bench.stats import DEFAULT_PERCENTILES
-from kiln.bench.timer import DEFAULT_DURATION_S, DEFAULT_ITERATIONS
+from kiln.bench.timer import DEFAULT_DURATION_S, DEFAULT_ITERATIONS, MAX_ITERATIONS, check_stopping
 from kiln.errors import ConfigError
 from kiln.runtime.context import ExecutionContext, to_device
 from kiln.runtime.io import as_torch
@@ -38,12 +38,7 @@ class BenchOptions:
 
     def checked(self) -> "BenchOptions":
         """The options with the default stopping rule filled in; a bad value is a ConfigError."""
-        if self.iterations is not None and self.iterations < 1:
-            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
-        if self.duration is not None and not self.duration > 0:
-            raise ConfigError(f"--duration must be a positive number of seconds, got {self.duration}")
-        if self.warmup < 0:
-            raise ConfigError(f"--warmup must be 0 or more, got {self.warmup}")
+        check_stopping(self.iterations, self.duration, self.warmup)
         if not 1 <= self.streams <= 64:
             raise ConfigError(f"--streams must be between 1 and 64, got {self.streams}")
         if self.iterations is None and self.duration is None:
@@ -90,7 +85,7 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
                 while True:
                     pending.append(query(clock.origin))
                     done += 1
-                    counted_out = opts.iterations is not None and done >= opts.iterations
+                    counted_out = done >= (opts.iterations or MAX_ITERATIONS)
                     if counted_out or time.perf_counter() >= clock.deadline:
                         break
                 ends[k] = time.perf_counter()

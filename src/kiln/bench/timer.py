@@ -14,6 +14,19 @@ from kiln.errors import ConfigError
 
 DEFAULT_ITERATIONS = 100
 DEFAULT_DURATION_S = 10.0
+MAX_ITERATIONS = 10_000_000   # per stream, also ends a --duration run: every query's times are kept in memory
+MAX_DURATION_S = 86_400.0     # one day
+
+
+def check_stopping(iterations: int | None, duration: float | None, warmup: int) -> None:
+    """A ConfigError for a count or duration that is not positive, or would run past the maxima above."""
+    if iterations is not None and not 1 <= iterations <= MAX_ITERATIONS:
+        raise ConfigError(f"--iterations must be between 1 and {MAX_ITERATIONS:,}, got {iterations}")
+    if duration is not None and not 0 < duration <= MAX_DURATION_S:
+        raise ConfigError(f"--duration must be a number of seconds above 0 and at most {MAX_DURATION_S:,.0f} "
+                          f"(one day), got {duration}")
+    if not 0 <= warmup <= MAX_ITERATIONS:
+        raise ConfigError(f"--warmup must be between 0 and {MAX_ITERATIONS:,}, got {warmup}")
 
 
 @dataclass(frozen=True)
@@ -115,12 +128,7 @@ def measure(fn: Callable[[], object], *, device: str = "cpu", warmup: int = 10, 
     """
     if iterations is None and duration is None:
         iterations, duration = DEFAULT_ITERATIONS, DEFAULT_DURATION_S
-    if iterations is not None and iterations < 1:
-        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
-    if duration is not None and not duration > 0:
-        raise ConfigError(f"--duration must be a positive number of seconds, got {duration}")
-    if warmup < 0:
-        raise ConfigError(f"--warmup must be 0 or more, got {warmup}")
+    check_stopping(iterations, duration, warmup)
     for _ in range(warmup):
         fn()
     timer = _CudaTimer() if device.startswith("cuda") else _CpuTimer()
@@ -129,6 +137,6 @@ def measure(fn: Callable[[], object], *, device: str = "cpu", warmup: int = 10, 
     while True:
         timer.time(fn)
         done += 1
-        if (iterations is not None and done >= iterations) or time.perf_counter() >= deadline:
+        if done >= (iterations or MAX_ITERATIONS) or time.perf_counter() >= deadline:
             break
     return LatencyStats(tuple(timer.results_ms()), batch, device, warmup)

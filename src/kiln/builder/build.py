@@ -16,6 +16,7 @@ from kiln.builder.specialize import needs_specialization, observe_shapes, specia
 from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
 from kiln.engine import Engine
+from kiln.errors import ConfigError
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.ir import Network
@@ -67,6 +68,8 @@ def _unhonoured(config: BuildConfig, device: Device) -> list[str]:
         notes.append("--memory-pool workspace= has no effect on the CPU backend: its reference kernels are not tuned")
     if not config.cuda_graph:
         notes.append("--no-cuda-graph has no effect on the CPU backend: it never captures CUDA graphs")
+    if config.opt_level != BuildConfig.opt_level:
+        notes.append("--opt-level has no effect on the CPU backend: it has no kernels to tune")
     return notes
 
 
@@ -101,8 +104,20 @@ def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
 
 
 def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfig | None = None,
-          progress: Progress | None = None, calib_data=None, validation_data=None) -> Engine:
-    """Build an engine for the best device present (or `config.device`) from an ONNX model."""
+          progress: Progress | None = None, calib_data=None, validation_data=None,
+          base_dir: str | os.PathLike | None = None) -> Engine:
+    """Build an engine for the best device present (or `config.device`) from an ONNX model.
+
+    `base_dir`: the folder holding the external data of a model given as bytes or a ModelProto.
+    """
+    if not isinstance(model, (str, os.PathLike, bytes, bytearray, onnx.ModelProto)):
+        raise ConfigError(f"kiln.build: model must be an .onnx file path, the model's bytes or an onnx.ModelProto, "
+                          f"got {type(model).__name__}")
+    if not isinstance(config, (BuildConfig, type(None))):
+        raise ConfigError(f"kiln.build: config must be a kiln.BuildConfig, got {type(config).__name__}; "
+                          "e.g. kiln.BuildConfig(fp16=True)")
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"kiln.build: progress must be a callable (stage, done, total), got {type(progress).__name__}")
     config = config or BuildConfig()
     ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
     ctx.notes += _unhonoured(config, ctx.device)
@@ -120,7 +135,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
 
     limits = ModelLimits(fold_budget_bytes=config.fold_budget_bytes,
                          max_tensor_bytes=min(ModelLimits.max_tensor_bytes, memory_budget(ctx.device)))
-    loaded = stage("load", lambda: load_onnx(model, limits, input_shapes=static_input_shapes(config)))
+    loaded = stage("load", lambda: load_onnx(model, limits, input_shapes=static_input_shapes(config),
+                                             base_dir=base_dir))
     net = stage("import", lambda: import_onnx(loaded.proto))
     onnx_nodes = len(loaded.proto.graph.node)
     imported_layers = len(net.layers)

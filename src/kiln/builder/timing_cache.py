@@ -1,7 +1,8 @@
 """The persistent timing cache: sqlite, one row per (device, software versions, layer signature).
 
 Shared across builds and models. Every write is a short transaction under a file lock, so
-concurrent builds never corrupt it; a damaged file is reported, never trusted.
+concurrent builds never corrupt it; a damaged file is reported, never trusted. kiln writes only to caches it
+created (marked with PRAGMA application_id), checked read-only before the first write.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import math
 import os
 import sqlite3
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,8 @@ MAX_FILE_BYTES = 1 << 30
 MAX_TACTIC_CHARS = 128
 MAX_CONFIG_BYTES = 64 << 10
 COLUMNS = ["env", "signature", "tactic", "config", "microseconds"]
+APPLICATION_ID = 0x4B494C4E  # "KILN"; 0 in caches of kiln versions before the marker
+OBJECTS = {("table", "timings"), ("index", "sqlite_autoindex_timings_1")}
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,37 @@ class TimingCache:
             raise ConfigError(f"folder of timing cache {self.path} does not exist; create it first")
         if self.path.exists() and self.path.stat().st_size > MAX_FILE_BYTES:
             raise ConfigError(f"timing cache {self.path} is over {MAX_FILE_BYTES >> 20} MiB; delete it and rebuild")
-        self.lock = FileLock(str(self.path) + ".lock", timeout=60)
+        lock = Path(str(self.path) + ".lock")
+        if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+            raise ConfigError(f"lock file {lock} of timing cache {self.path} is not a regular file; remove it")
+        self.lock = FileLock(str(lock), timeout=60)
         self.hits = self.misses = self.invalid = 0
-        with self.lock, self._connect() as db:
-            self._query(db, SCHEMA)
-            self._check_schema(db)
+        with self.lock:
+            if self.path.exists() and self.path.stat().st_size:
+                self._check_ours()
+            with self._connect() as db:
+                self._query(db, SCHEMA)
+                self._query(db, f"PRAGMA application_id = {APPLICATION_ID}")
+                self._check_schema(db)
+
+    def _check_ours(self) -> None:
+        """Refuse, reading only, a file kiln did not create: kiln's application_id (or 0) and kiln's table alone."""
+        uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
+        try:
+            db = sqlite3.connect(uri, uri=True, timeout=30)
+            try:
+                db.execute("PRAGMA trusted_schema = OFF")
+                app_id = db.execute("PRAGMA application_id").fetchone()[0]
+                objects = set(db.execute("SELECT type, name FROM sqlite_master").fetchall())
+                cols = [r[1] for r in db.execute("PRAGMA table_info(timings)").fetchall()]
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(e) from None
+        if app_id not in (APPLICATION_ID, 0) or objects != OBJECTS or cols != COLUMNS:
+            raise ConfigError(f"timing cache {self.path} is not a kiln timing cache (another program's sqlite "
+                              "database, or one changed since kiln made it); kiln left it untouched: pass a new path "
+                              "with --timing-cache")
 
     def _damaged(self, e) -> ConfigError:
         return ConfigError(f"timing cache {self.path} is not a kiln timing cache ({e}); "

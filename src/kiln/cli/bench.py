@@ -11,21 +11,24 @@ import typer
 from rich.table import Table
 
 import kiln
-from kiln.bench.plot import plot_bench
+from kiln.bench.plot import check_plot, plot_bench
 from kiln.bench.profile import profile_layers
 from kiln.bench.result import BenchResult
 from kiln.bench.session import BenchOptions, run_bench
 from kiln.bench.stats import parse_percentiles
 from kiln.cli.errors import command
 from kiln.cli.inputs import input_shapes, on_device, open_engine, random_feeds
-from kiln.cli.options import Device, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, is_onnx, parse_shapes
+from kiln.cli.options import (Device, Force, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, is_onnx,
+                              parse_shapes)
 from kiln.cli.output import add_row, key_values, print_json, status, stdout
-from kiln.cli.profile import ExportProfile, export_profile, print_profile
+from kiln.cli.profile import PROFILE, ExportProfile, export_profile, print_profile
 from kiln.errors import ConfigError, ModelError
-from kiln.frontend.onnx.loader import parse
+from kiln.frontend.onnx.loader import read_model
+from kiln.util import files
 
 PHASE_LABELS = {"host": "host wall (per query)", "enqueue": "enqueue (host)", "h2d": "H2D", "compute": "compute",
                 "d2h": "D2H", "gpu": "GPU total (H2D+compute+D2H)"}
+TIMES = files.json_kind("kiln bench times export", "times.json", "bench-times")
 
 
 def onnx_batch_shapes(model: Path, shapes: dict[str, tuple[int, ...]], batch: int) -> dict[str, tuple[int, ...]]:
@@ -33,7 +36,7 @@ def onnx_batch_shapes(model: Path, shapes: dict[str, tuple[int, ...]], batch: in
     (batch, *those dimensions): what to build the model with for --batch."""
     if not model.is_file():
         raise ModelError(f"model file {model} does not exist; give the path of an .onnx file or a plan")
-    graph = parse(model.read_bytes(), str(model)).graph
+    graph = read_model(model).graph
     initializers = {t.name for t in graph.initializer}
     out = dict(shapes)
     for vi in graph.input:
@@ -104,15 +107,26 @@ def print_result(model: Path, engine: kiln.Engine, shapes: dict, result: BenchRe
         typer.echo(f"warning: {warning}")
 
 
+def check_outputs(times: Path | None, profile: Path | None, plot: Path | None, force: bool) -> None:
+    """Refuse unwritable output paths before timing anything (kiln's write policy, kiln.util.files)."""
+    if times:
+        files.check(times, TIMES, force=force, what="--export-times file")
+    if profile:
+        files.check(profile, PROFILE, force=force, what="--export-profile file")
+    if plot:
+        check_plot(plot, force)
+
+
 @command
 def bench(
     model: ModelPath,
     iterations: Annotated[Optional[int], typer.Option(
-        "--iterations", help="Timed queries per stream \\[default: 100, or as many as --duration allows].")] = None,
+        "--iterations", help="Timed queries per stream, at most 10,000,000 \\[default: 100, or as many as --duration "
+                              "allows].")] = None,
     duration: Annotated[Optional[float], typer.Option(
-        "--duration", help="Seconds to time for \\[default: up to 10]; with --iterations, the first limit reached "
-                           "ends the run.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed queries first, per stream.")] = 10,
+        "--duration", help="Seconds to time for, at most 86400 \\[default: up to 10]; with --iterations, the first "
+                           "limit reached ends the run.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed queries first, per stream (at most 10,000,000).")] = 10,
     batch: Annotated[Optional[int], typer.Option(
         "--batch", help="Batch size: the leading dimension of every input --shapes does not give.")] = None,
     streams: Annotated[int, typer.Option(
@@ -137,13 +151,15 @@ def bench(
         "--export-times", help="Write every timed query's phase times to this JSON file.")] = None,
     export: ExportProfile = None,
     plot: Annotated[Optional[Path], typer.Option(
-        "--plot", help="Draw a latency histogram (and per-layer bars with --dump-profile) into this image "
-                       "(needs matplotlib: pip install 'kiln\\[plot]').")] = None,
+        "--plot", help="Draw a latency histogram (and per-layer bars with --dump-profile) into exactly this image "
+                       "file, e.g. bench.png or bench.svg (PNG when it has no suffix; a directory is refused; "
+                       "needs matplotlib: pip install 'kiln\\[plot]').")] = None,
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
     policy: Policy = "strict",
     verify_key: VerifyKey = None,
+    force: Force = False,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
@@ -153,6 +169,7 @@ def bench(
         raise ConfigError(f"--batch must be at least 1, got {batch}")
     options = BenchOptions(iterations, duration, warmup, streams, cuda_graph, not no_data_transfers, spin_wait,
                            parse_percentiles(percentiles)).checked()
+    check_outputs(export_times, export, plot, force)
     build_shapes = onnx_batch_shapes(model, shape_map, batch) if is_onnx(model) and batch else shape_map
     engine = open_engine(model, build_shapes, device, policy, verify_key)
     resolved = batch_shapes(engine, shape_map, batch)
@@ -166,12 +183,13 @@ def bench(
         layers = profile_layers(engine, on_device(feeds, engine.device.torch_device),
                                 iterations=min(result.count, 100))
         if export:
-            export_profile(layers, export)
+            export_profile(layers, export, force)
     if export_times:
-        export_times.write_text(json.dumps({"unit": "ms", "device": result.device, "batch": result.batch,
-                                            "iterations": [t.to_json() for t in result.iterations]}, indent=1) + "\n")
+        body = json.dumps({"kiln": "bench-times", "unit": "ms", "device": result.device, "batch": result.batch,
+                           "iterations": [t.to_json() for t in result.iterations]}, indent=1) + "\n"
+        files.write(export_times, body.encode(), TIMES, force=force, what="--export-times file")
     if plot:
-        plot_bench(result, layers, plot)
+        plot_bench(result, layers, plot, force)
     if as_json:
         print_json(dict(result.to_json(), model=str(model), device_name=engine.device.name,
                         shapes={k: list(v) for k, v in resolved.items()},

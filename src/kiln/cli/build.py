@@ -9,13 +9,16 @@ import typer
 
 import kiln
 from kiln.cli.errors import command
-from kiln.cli.options import Device, Json, Shapes, SignKey, Verbose, parse_memory_pools, parse_shapes
+from kiln.cli.options import Device, Force, Json, Shapes, SignKey, Verbose, parse_memory_pools, parse_shapes
 from kiln.cli.output import build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
+from kiln.engine.plan import KIND
 from kiln.engine.signing import load_private_key
 from kiln.errors import ConfigError
 from kiln.kinds.qtype import QTYPES
+from kiln.quant.calib_cache import KIND as calib_kind
 from kiln.quant.report import int8_summary, ranges_table
+from kiln.util import files
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 QTYPES_BY_LABEL = {q.label: q for q in QTYPES.values()}
@@ -138,6 +141,7 @@ def build(
     validation: Annotated[Optional[Path], typer.Option(
         "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, like --calib).")] = None,
     sign_key: SignKey = None,
+    force: Force = False,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
@@ -145,8 +149,9 @@ def build(
     plan = output or model.with_suffix(".plan")
     if plan.resolve() == model.resolve():
         raise ConfigError(f"the plan would overwrite the model {model}; name another file with -o")
-    if not plan.parent.is_dir():
-        raise ConfigError(f"folder {plan.parent} for the plan does not exist; create it first")
+    files.check(plan, KIND, force=force, what="plan file")  # before the build, not after it
+    if calib_cache:
+        files.check(calib_cache, calib_kind, force=True, what="calibration cache")  # its reader refuses others
     profiles = profile_from(parse_shapes(shapes), parse_shapes(min_shapes, "--min-shapes"),
                             parse_shapes(opt_shapes, "--opt-shapes"), parse_shapes(max_shapes, "--max-shapes"))
     config = kiln.BuildConfig(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, profiles=profiles,
@@ -161,7 +166,7 @@ def build(
     key = load_private_key(sign_key) if sign_key else None  # a bad key fails before the build, not after
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)
-    engine.save(plan, sign_key=key)
+    engine.save(plan, sign_key=key, force=force)
     s = summary(engine, plan)
     if as_json:
         print_json(s)

@@ -41,7 +41,7 @@ def feeds_for(engine: kiln.Engine, inputs: list[str] | None, inputs_dir: Path | 
     if inputs and inputs_dir:
         raise ConfigError("give inputs with --input or with --inputs-dir, not both")
     if inputs:
-        return load_inputs(inputs)
+        return load_inputs(inputs, engine)
     if inputs_dir is None:
         return random_feeds(engine, shapes, seed)
     if not inputs_dir.is_dir():
@@ -50,7 +50,7 @@ def feeds_for(engine: kiln.Engine, inputs: list[str] | None, inputs_dir: Path | 
     missing = [str(f) for f in files.values() if not f.is_file()]
     if missing:
         raise InputError(f"--inputs-dir lacks {', '.join(missing)}; save one array per input with numpy.save")
-    return load_inputs([f"{name}={file}" for name, file in files.items()])
+    return load_inputs([f"{name}={file}" for name, file in files.items()], engine)
 
 
 def default_tolerance(config: kiln.BuildConfig, rtol: float | None, atol: float | None) -> Tolerance:

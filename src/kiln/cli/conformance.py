@@ -12,12 +12,13 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from kiln.builder.device import detect
 from kiln.cli.errors import command
-from kiln.cli.options import Device, Verbose
+from kiln.cli.options import Device, Force, Verbose
 from kiln.cli.output import key_values, stderr, stdout
 from kiln.conformance import Outcome, run_suite
 from kiln.conformance.suite import CATEGORIES
-from kiln.conformance.table import write_markdown
+from kiln.conformance.table import KIND, write_markdown
 from kiln.errors import ConfigError
+from kiln.util import files
 
 STATUSES = ("passed", "failed", "error", "excluded", "skipped")
 
@@ -41,6 +42,7 @@ def conformance(
     category: Annotated[Optional[list[str]], typer.Option(
         "--category", help=f"Test categories to run [default: node]; of {', '.join(CATEGORIES.values())}.")
                         ] = None,
+    force: Force = False,
     verbose: Verbose = False,
 ) -> None:
     """Run the ONNX backend node tests through kiln and report how many pass, per op with --out."""
@@ -50,6 +52,8 @@ def conformance(
     if unknown:
         raise ConfigError(f"unknown --category {unknown}; choose from {', '.join(CATEGORIES.values())}")
     _check_patterns(include or [])
+    if out and out.parent.is_dir():  # before the suite runs; a missing folder is made
+        files.check(out, KIND, force=force, what="conformance table")
     counts: collections.Counter = collections.Counter()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     console = stderr()
@@ -68,5 +72,5 @@ def conformance(
     rows = [(status, counts[status]) for status in STATUSES if counts[status]]
     rows.append(("total", len(outcomes)))
     if out:
-        rows.append(("table written to", write_markdown(outcomes, out, backend.upper())))
+        rows.append(("table written to", write_markdown(outcomes, out, backend.upper(), force)))
     stdout().print(key_values(f"ONNX conformance on {backend}", rows))

@@ -19,7 +19,8 @@ def one_line(e: BaseException) -> str:
 
 
 def command(fn):
-    """Wrap a command: KilnError → its exit code, InternalError and stray exceptions → 70, OSError → 1."""
+    """Wrap a command: KilnError → its exit code, InternalError and stray exceptions → 70, OSError and
+    MemoryError (the user's environment) → 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -31,6 +32,9 @@ def command(fn):
             fail(f"error: {one_line(e)}", e.exit_code, kwargs.get("verbose", False))
         except OSError as e:  # disk full, permission denied: the user's environment, not kiln
             fail(f"error: {one_line(e)}", 1, kwargs.get("verbose", False))
+        except MemoryError as e:
+            fail(f"error: out of host memory ({one_line(e)}); use smaller --shapes or inputs", 1,
+                 kwargs.get("verbose", False))
         except InternalError as e:
             fail(f"error: {BUG}: {one_line(e)}", InternalError.exit_code, kwargs.get("verbose", False))
         except Exception as e:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +16,14 @@ from kiln.cli.errors import one_line
 from kiln.cli.options import is_onnx
 from kiln.cli.output import build_progress
 from kiln.engine.compat import CompatibilityWarning
-from kiln.errors import ConfigError, InputError, SecurityError
+from kiln.errors import ConfigError, InputError
 from kiln.ir import DType
 from kiln.ir.dtype import to_torch
+from kiln.npyio import read_npy, read_npz
+from kiln.runtime.io import index_bounds
+from kiln.util import files
+
+NPY = files.magic_kind(".npy array", "output.npy", b"\x93NUMPY")
 
 
 def load_plan(path: Path, policy: str = "strict", verify_key: Path | None = None, **kw) -> kiln.Engine:
@@ -67,8 +72,9 @@ def input_shapes(engine: kiln.Engine, shapes: dict[str, tuple[int, ...]]) -> dic
 
 def random_feeds(engine: kiln.Engine, shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
     """Random numpy inputs: normal floats, random booleans, integers in [0, 4) (valid for every integer type and
-    as indices; as text for string inputs)."""
+    as small indices; as text for string inputs), or in [0, rows) for indices into a table of `rows` (embeddings)."""
     rng = np.random.default_rng(seed)
+    bounds = index_bounds(engine.network)
     feeds = {}
     for name, shape in input_shapes(engine, shapes).items():
         dtype = engine.network.tensors[name].dtype
@@ -77,7 +83,7 @@ def random_feeds(engine: kiln.Engine, shapes: dict[str, tuple[int, ...]], seed: 
         elif dtype is DType.BOOL:
             value = rng.random(shape) < 0.5
         else:
-            value = rng.integers(0, 4, shape)
+            value = rng.integers(0, max(1, bounds[name][0]) if name in bounds else 4, shape)
             if dtype.numpy.kind == "O":
                 value = value.astype(str)
         feeds[name] = value.astype(dtype.numpy)
@@ -99,20 +105,33 @@ def batch_size(feeds: dict) -> int:
     return int(first.shape[0]) if first is not None and len(first.shape) else 1
 
 
-def load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
-    """`--input name=file.npy` (one input) or `--input file.npz` (every input inside); never unpickles."""
+def input_budget(engine: kiln.Engine) -> int | None:
+    """The most bytes the engine's inputs take (static shapes, else the profiles' max), counting 8 bytes an element
+    at least so that float64 data still reaches the dtype check; None where unbounded."""
+    total = 0
+    for t in engine.inputs:
+        maxes = [math.prod(p[t.name].max) for p in engine.config.profiles if t.name in p]
+        if getattr(t, "kind", "tensor") != "tensor" or t.dtype is DType.STRING or not (t.is_static or maxes):
+            return None
+        total += (math.prod(t.shape) if t.is_static else max(maxes)) * max(t.dtype.itemsize, 8)
+    return total
+
+
+def load_inputs(specs: list[str], engine: kiln.Engine | None = None) -> dict[str, np.ndarray]:
+    """`--input name=file.npy` (one input) or `--input file.npz` (every input inside); never unpickles.
+
+    Headers, an archive's member names and the sizes `engine` takes are checked before any data is read."""
+    names = engine.network.inputs if engine is not None else None
+    budget = input_budget(engine) if engine is not None else None
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         name, sep, file = spec.partition("=")
         if sep and name:
-            value = _load(Path(file))
-            if isinstance(value, dict):
+            if file.lower().endswith(".npz"):
                 raise InputError(f"{file} is an .npz archive; pass it as --input {file} to feed its arrays by name")
-            arrays = {name: value}
+            arrays = {name: read_npy(Path(file), budget)}
         elif spec.lower().endswith(".npz"):
-            arrays = _load(Path(spec))
-            if not isinstance(arrays, dict):
-                raise InputError(f"{spec} holds a single array; pass it as --input NAME={spec}")
+            arrays = read_npz(Path(spec), budget, names=names, others_ok=names is None)
         else:
             raise ConfigError(f"--input {spec!r}: write name=file.npy for one input, or file.npz for all of them")
         twice = sorted(set(arrays) & set(feeds))
@@ -122,39 +141,36 @@ def load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _load(path: Path) -> np.ndarray | dict[str, np.ndarray]:
-    """One array from a .npy file, or a dict of them from an .npz archive."""
-    if not path.is_file():
-        raise InputError(f"input file {path} does not exist")
-    try:
-        value = np.load(path, allow_pickle=False)
-        if isinstance(value, np.ndarray):
-            return value
-        with value:
-            return {k: value[k] for k in value.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise InputError(f"{path} is not a readable .npy/.npz file ({one_line(e)}); save it with numpy.save "
-                         "or numpy.savez") from None
-
-
 def safe_stem(name: str) -> str:
     """A tensor name as a file name that stays inside its folder: [A-Za-z0-9._-] only, no leading dot."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:200] or "output"
 
 
-def save_outputs(outputs: dict[str, np.ndarray], folder: Path) -> dict[str, Path]:
-    """Write one .npy per output into `folder` (created if missing); names are sanitized and made unique."""
-    folder.mkdir(parents=True, exist_ok=True)
+def output_paths(names: list[str], folder: Path, force: bool = False) -> dict[str, Path]:
+    """One NAME.npy per output in `folder` (created if missing), names sanitized and made unique, each checked
+    against kiln's write policy before anything runs."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--output-dir {folder} is not a folder; name a folder (it is created if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create --output-dir {folder}: {e.strerror}; name a folder you can write to") \
+            from None
     used: set[str] = set()
-    written = {}
-    for name, value in outputs.items():
+    paths = {}
+    for name in names:
         stem, k = safe_stem(name), 1
         while stem.lower() in used:
             stem, k = f"{safe_stem(name)}_{k}", k + 1
         used.add(stem.lower())
-        path = folder / f"{stem}.npy"
-        if path.is_symlink():
-            raise SecurityError(f"{path} is a symbolic link; kiln does not write through links, remove it first")
-        np.save(path, value.astype(str) if value.dtype == object else value, allow_pickle=False)
-        written[name] = path
-    return written
+        paths[name] = files.check(folder / f"{stem}.npy", NPY, force=force, what="output file")
+    return paths
+
+
+def save_outputs(outputs: dict[str, np.ndarray], paths: dict[str, Path], force: bool = False) -> dict[str, Path]:
+    """Write each output to its path from `output_paths` as .npy (never pickled)."""
+    for name, value in outputs.items():
+        value = value.astype(str) if value.dtype == object else value
+        files.write(paths[name], lambda f, v=value: np.save(f, v, allow_pickle=False), NPY, force=force,
+                    what="output file")
+    return {name: paths[name] for name in outputs}

@@ -19,11 +19,12 @@ from kiln.cli.options import Json, Verbose, is_onnx
 from kiln.cli.output import add_row, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.quant.report import layer_precisions, size_breakdown
 from kiln.engine import plan
+from kiln.engine.safe_json import printable
 from kiln.engine.serialize import network_from_json
 from kiln.errors import ConfigError, ModelError, UnsupportedOpError
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.external_data import external_tensors, resolve_location
-from kiln.frontend.onnx.loader import parse, validate_fields
+from kiln.frontend.onnx.loader import read_model
 from kiln.frontend.onnx.registry import lookup
 from kiln.kinds import quantized
 from kiln.ir import Layer, Network
@@ -76,7 +77,7 @@ def _size_breakdown(path: Path, tensors: dict[str, torch.Tensor]) -> dict:
     """The plan file's bytes by what they hold: header, manifest, weights by dtype, and the rest (the
     safetensors index and alignment). Read after `plan.read` has checked the file."""
     with open(path, "rb") as f:
-        _, _, hlen = plan.PREFIX.unpack(f.read(plan.PREFIX.size))
+        hlen = plan.PREFIX.unpack(f.read(plan.PREFIX.size))[2]
         f.seek(plan.PREFIX.size + hlen)
         (mlen,) = struct.unpack("<Q", f.read(8))
     total = path.stat().st_size
@@ -134,8 +135,7 @@ def describe_onnx(path: Path) -> dict:
     """Op counts, which of them kiln imports at the model's opsets, inputs, outputs and parameter count."""
     if not path.is_file():
         raise ModelError(f"model file {path} does not exist or is not a file")
-    proto = parse(path.read_bytes(), str(path))
-    validate_fields(proto, str(path))
+    proto = read_model(path)
     for t in external_tensors(proto):  # a location leaving the model's folder is an error, not a table row
         resolve_location(path.parent, {e.key: e.value for e in t.external_data}.get("location", ""), t.name)
     graph = proto.graph
@@ -185,14 +185,27 @@ def _shapes(tensors: list[dict]) -> str:
     return "\n".join(f"{t['dtype']}{t['shape']}" for t in tensors)
 
 
+def _escaped(value):
+    """A plan's text with control characters escaped, all through (keys too): never sent raw to a terminal."""
+    if isinstance(value, str):
+        return printable(value, quote=False)
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    return [_escaped(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
 def print_plan(d: dict) -> None:
+    d = _escaped(d)
     h = dict(d["header"])
     device = h.pop("device", None)
     sig = h.get("signature")
     if isinstance(sig, dict):  # the value is for machines; people need the algorithm and the key
         h["signature"] = f"{sig.get('alg')}, key {sig.get('key_id')} (check it with --verify-key on load)"
     if isinstance(h.get("created"), (int, float)):
-        h["created"] = datetime.datetime.fromtimestamp(h["created"]).isoformat(timespec="seconds")
+        try:
+            h["created"] = datetime.datetime.fromtimestamp(h["created"]).isoformat(timespec="seconds")
+        except (OverflowError, OSError, ValueError):
+            pass  # a time no calendar holds: shown as the number it is
     rows = list(h.items())
     rows += [(f"device.{k}", v) for k, v in device.items()] if isinstance(device, dict) else [("device", device)]
     stdout().print(key_values(f"Plan {d['file']}", rows))

@@ -8,14 +8,17 @@ from typing import Annotated, Optional
 
 import typer
 
+from kiln.config import MAX_DIM
 from kiln.errors import ConfigError
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show the traceback of an error.")]
-Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.")]
+Json = Annotated[bool, typer.Option(
+    "--json", help='Print machine-readable JSON on stdout instead of tables. Strict JSON: a NaN number is null, '
+                   '+Inf and -Inf are the strings "Infinity" and "-Infinity".')]
 Shapes = Annotated[Optional[list[str]], typer.Option(
     "--shapes", help="Input shapes, name:1x3x224x224[,name2:...]; repeatable.")]
 Device = Annotated[str, typer.Option("--device", help="auto (the best device present), cpu or cuda.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs made when none are given.")]
+Seed = Annotated[int, typer.Option("--seed", min=0, help="Seed of the random inputs made when none are given.")]
 Policy = Annotated[str, typer.Option(
     "--policy", help="For a plan built on another GPU model or software versions: strict (refuse, naming each "
                      "difference), warn (run it, saying what differs) or retune (re-tune it for this device).")]
@@ -25,6 +28,9 @@ SignKey = Annotated[Optional[Path], typer.Option(
     "--sign-key", help="Sign the plan written with this Ed25519 private key (from `kiln keygen`).")]
 ModelPath = Annotated[Path, typer.Argument(help="A plan file, or an .onnx model to build on the fly.",
                                            show_default=False)]
+Force = Annotated[bool, typer.Option(
+    "--force", help="Replace existing output files that kiln did not write (without it kiln replaces only its own "
+                    "files of the same kind, and refuses links, devices and pipes always).")]
 
 _DIMS = re.compile(r"^\d+(x\d+)*$")
 
@@ -41,6 +47,9 @@ def parse_shapes(specs: list[str] | None, option: str = "--shapes") -> dict[str,
             if name in shapes:
                 raise ConfigError(f"{option} gives input {name!r} twice")
             shapes[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
+            if any(d > MAX_DIM for d in shapes[name]):
+                raise ConfigError(f"{option} {item.strip()!r}: a dimension is over {MAX_DIM}, the int64 limit; "
+                                  "give the real size of the input")
     return shapes
 
 

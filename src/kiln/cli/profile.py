@@ -12,13 +12,15 @@ from rich.table import Table
 from kiln.bench.profile import LayerProfile, profile_layers
 from kiln.cli.errors import command
 from kiln.cli.inputs import on_device, open_engine, random_feeds
-from kiln.cli.options import Device, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
+from kiln.cli.options import Device, Force, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
 from kiln.cli.output import add_row, print_json, status, stdout
+from kiln.util import files
 
 TOP = 30
 
 ExportProfile = Annotated[Optional[Path], typer.Option(
     "--export-profile", help="Write the per-layer profile to this JSON file.")]
+PROFILE = files.json_kind("kiln layer profile", "profile.json", "layer-profile")
 
 
 def print_profile(profile: LayerProfile, top: int = TOP) -> None:
@@ -41,8 +43,10 @@ def print_profile(profile: LayerProfile, top: int = TOP) -> None:
     stdout().print(table)
 
 
-def export_profile(profile: LayerProfile, path: Path) -> None:
-    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+def export_profile(profile: LayerProfile, path: Path, force: bool = False) -> None:
+    """--export-profile: the profile as JSON, first key "kiln": "layer-profile" (kiln's write policy)."""
+    body = json.dumps({"kiln": "layer-profile", **profile.to_json()}, indent=2) + "\n"
+    files.write(path, body.encode(), PROFILE, force=force, what="--export-profile file")
 
 
 @command
@@ -56,17 +60,20 @@ def profile(
     device: Device = "auto",
     policy: Policy = "strict",
     verify_key: VerifyKey = None,
+    force: Force = False,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Time each layer's kernel on random inputs: mean/median per layer, slowest first."""
     shape_map = parse_shapes(shapes)
+    if export:
+        files.check(export, PROFILE, force=force, what="--export-profile file")
     engine = open_engine(model, shape_map, device, policy, verify_key)
     feeds = on_device(random_feeds(engine, shape_map, seed), engine.device.torch_device)
     status(f"profiling {model.name} on {engine.device.name} ...")
     result = profile_layers(engine, feeds, iterations, warmup)
     if export:
-        export_profile(result, export)
+        export_profile(result, export, force)
     if as_json:
         print_json(result.to_json())
     else:

@@ -9,10 +9,12 @@ import typer
 
 from kiln.cli.errors import command
 from kiln.cli.inputs import load_plan
-from kiln.cli.options import Json, SignKey, VerifyKey, Verbose
+from kiln.cli.options import Force, Json, SignKey, VerifyKey, Verbose
 from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, stdout
+from kiln.engine.plan import KIND
 from kiln.engine.signing import load_private_key
 from kiln.errors import ConfigError
+from kiln.util import files
 
 
 @command
@@ -24,6 +26,7 @@ def retune(
         "--timing-cache", help="Timing cache file to read and fill (re-tuning with it takes seconds).")] = None,
     sign_key: SignKey = None,
     verify_key: VerifyKey = None,
+    force: Force = False,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
@@ -31,11 +34,12 @@ def retune(
     with this device's fingerprint."""
     if output.resolve() == plan.resolve():
         raise ConfigError(f"-o {output} would overwrite the plan being re-tuned; name another file")
+    files.check(output, KIND, force=force, what="plan file")  # before re-tuning, not after it
     key = load_private_key(sign_key) if sign_key else None
     with build_progress(f"re-tuning {plan.name}") as progress:
         engine = load_plan(plan, "retune", verify_key, timing_cache=timing_cache, force_retune=True,
                            progress=progress)
-    engine.save(output, sign_key=key)
+    engine.save(output, sign_key=key, force=force)
     info = dict(engine.build_info.get("retune") or {})
     s = {"plan": str(output), "plan_bytes": output.stat().st_size, "device": engine.device.name,
          "tuned_before_on": info.get("from"), "differences": info.get("differences", []),

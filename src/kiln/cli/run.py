@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from kiln.cli.errors import command
-from kiln.cli.inputs import load_inputs, open_engine, random_feeds, save_outputs
-from kiln.cli.options import Device, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
+from kiln.cli.inputs import load_inputs, open_engine, output_paths, random_feeds, save_outputs
+from kiln.cli.options import Device, Force, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
 from kiln.cli.output import add_row, print_json, stdout
 
 
@@ -33,21 +33,24 @@ def run(
         "--input", "-i", help="name=file.npy for one input, or file.npz for all; repeatable. "
                               "Random inputs when none is given.")] = None,
     output_dir: Annotated[Optional[Path], typer.Option(
-        "--output-dir", "-o", help="Folder to write one NAME.npy per output into.")] = None,
+        "--output-dir", "-o", help="Folder to write one NAME.npy per output into (an existing NAME.npy is "
+                                   "replaced; another kind of file there only with --force).")] = None,
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
     policy: Policy = "strict",
     verify_key: VerifyKey = None,
+    force: Force = False,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Run an engine once on the given (or random) inputs and summarize its outputs."""
     shape_map = parse_shapes(shapes)
     engine = open_engine(model, shape_map, device, policy, verify_key)
-    feeds = load_inputs(inputs) if inputs else random_feeds(engine, shape_map, seed)
+    feeds = load_inputs(inputs, engine) if inputs else random_feeds(engine, shape_map, seed)
+    paths = output_paths([t.name for t in engine.outputs], output_dir, force) if output_dir else None
     outputs = engine.create_context().run(feeds)
-    files = save_outputs(outputs, output_dir) if output_dir else {}
+    files = save_outputs(outputs, paths, force) if paths else {}
     rows = {name: dict(describe(value), file=str(files[name]) if name in files else None)
             for name, value in outputs.items()}
     if as_json:

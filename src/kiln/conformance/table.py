@@ -9,6 +9,9 @@ from pathlib import Path
 
 from kiln.conformance.suite import Outcome
 from kiln.conformance.tensorrt_ops import TENSORRT_10_15
+from kiln.util import files
+
+KIND = files.magic_kind("kiln conformance table", "conformance.md", b"# ONNX conformance of kiln")
 
 
 def _opsets(op: str) -> str:
@@ -64,8 +67,9 @@ def render(outcomes: list[Outcome], device: str) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(outcomes: list[Outcome], path: str | os.PathLike, device: str = "CPU") -> Path:
+def write_markdown(outcomes: list[Outcome], path: str | os.PathLike, device: str = "CPU", force: bool = False
+                   ) -> Path:
+    """Write the table to `path` (its folder made if missing) under kiln's write policy (kiln.util.files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(outcomes, device))
-    return path
+    return files.write(path, render(outcomes, device).encode(), KIND, force=force, what="conformance table")

@@ -15,12 +15,16 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln.builder.device import Device, detect
+from kiln.engine.safe_json import printable
 from kiln.errors import EngineCompatibilityError
 from kiln.tactics.hardware_compat import PORTABLE_MIN_CC, HardwareCompat
 
 SOFTWARE = ("kiln", "torch", "triton", "cuda")  # kernels and tactic choices depend on these
 CARD = ("name", "sms", "memory")                 # a GPU model, beyond its compute capability
 INFORMATIONAL = ("driver",)                      # said, never blocking
+# every key of a device fingerprint, with its types: a missing, unknown or mistyped key refuses the plan
+FINGERPRINT = {"backend": str, "name": str, "kiln": str, "torch": str, "triton": (str, type(None))}
+CUDA_FINGERPRINT = {"cc": str, "sms": int, "memory": int, "cuda": (str, type(None)), "driver": (str, type(None))}
 
 
 class Policy(enum.Enum):
@@ -67,9 +71,24 @@ def _cc(value) -> tuple[int, int] | None:
         return None
 
 
+def _check_fingerprint(built, source: str) -> None:
+    """Every key of the fingerprint present, typed as kiln writes it, and no other."""
+    if not isinstance(built, dict):
+        raise EngineCompatibilityError(f"{source} has no device fingerprint in its header; rebuild it")
+    keys = FINGERPRINT | (CUDA_FINGERPRINT if built.get("backend") == "cuda" else {})
+    missing, unknown = [k for k in keys if k not in built], [k for k in built if k not in keys]
+    mistyped = [k for k, v in built.items() if k in keys and (isinstance(v, bool) or not isinstance(v, keys[k]))]
+    if missing or unknown or mistyped:
+        what = "; ".join(f"{label} {printable(ks)}" for label, ks in
+                         (("lacks", missing), ("has unknown keys", unknown), ("mistypes", mistyped)) if ks)
+        raise EngineCompatibilityError(f"{source}: the device fingerprint in its header {what}, so kiln cannot "
+                                       "tell where the plan may run (it was edited or corrupted); rebuild it")
+
+
 def compare(header: dict, source: str = "plan") -> Report:
     """The differences between the header's device fingerprint and this machine (no policy applied)."""
-    built = header.get("device") if isinstance(header.get("device"), dict) else {}
+    built = header.get("device")
+    _check_fingerprint(built, source)
     backend = built.get("backend")
     if backend == "cuda" and not torch.cuda.is_available():
         raise EngineCompatibilityError(
@@ -85,14 +104,14 @@ def compare(header: dict, source: str = "plan") -> Report:
     device = detect(backend)
     here = device.fingerprint()
     report = Report(device, built, compat)
-    present = lambda keys: [k for k in keys if k in built and built.get(k) != here.get(k)]  # noqa: E731
+    present = lambda keys: [k for k in keys if k in built and built[k] != here.get(k)]  # noqa: E731
     report.blocking += [_diff(k, built[k], here.get(k)) for k in present(SOFTWARE)]
     report.notes += [_diff(k, built[k], here.get(k)) for k in present(INFORMATIONAL)]
     if backend == "cpu":
         report.notes += [_diff(k, built[k], here.get(k)) for k in present(("name",))]
         return report
     card = [_diff(k, built[k], here.get(k)) for k in present(CARD)]
-    cc_differs = "cc" in built and built["cc"] != here.get("cc")
+    cc_differs = built["cc"] != here.get("cc")
     if compat is HardwareCompat.NONE:
         report.blocking += card + ([_diff("cc", built["cc"], here.get("cc"))] if cc_differs else [])
     elif compat is HardwareCompat.SAME_CC:
@@ -110,18 +129,22 @@ def compare(header: dict, source: str = "plan") -> Report:
                                    f"hardware-compat portable, for {sm} and newer")
         if card or cc_differs:
             report.notes.append(f"plan is hardware-compat portable and runs on this GPU ({here.get('name')!r}, "
-                                f"cc {here.get('cc')}), but was tuned on {built.get('name')!r} (cc {built.get('cc')})")
+                                f"cc {here.get('cc')}), but was tuned on {built.get('name')!r} "
+                                f"(cc {built.get('cc')!r})")
     return report
 
 
 def message(report: Report, header: dict, source: str, refused: bool) -> str:
-    """Each difference, then what to do: rebuild (the exact command), retune, or load anyway."""
+    """Each difference, then what to do: rebuild, retune, or load anyway. The plan's own text (its recorded
+    build command) is quoted as data, escaped, never offered as a command to run."""
     diffs = report.blocking + report.notes
     head = (f"{source} was built for another device or software and is refused under policy strict"
             if refused else f"{source} runs on a device or software it was not built for")
-    rebuild = header.get("rebuild") if isinstance(header.get("rebuild"), str) else "kiln build MODEL.onnx -o PLAN"
+    recorded = f" (the plan says it was built with: {printable(header['rebuild'])})" \
+        if isinstance(header.get("rebuild"), str) else ""
     plan = shlex.quote(source)
-    fixes = (f"rebuild it here with `{rebuild}`; or re-tune it for this device (fast with a timing cache): "
+    fixes = (f"rebuild it here from its ONNX model with `kiln build MODEL.onnx -o PLAN`{recorded}; "
+             "or re-tune it for this device (fast with a timing cache): "
              f"`kiln retune {plan} -o NEW.plan --timing-cache CACHE` (in Python: kiln.load(path, policy='retune'))")
     if refused:
         fixes += "; or run it as it is with --policy warn"

@@ -6,13 +6,16 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 from kiln.builder.autotune import Choice
 from kiln.builder.device import Device
 from kiln.config import BuildConfig
 from kiln.engine import compat, plan, signing
 from kiln.engine.retune import retune
 from kiln.engine.serialize import network_from_json, network_to_json
-from kiln.errors import PlanError
+from kiln.engine.safe_json import printable
+from kiln.errors import KilnError, PlanError
 from kiln.ir import Network
 from kiln.runtime.context import to_device
 from kiln.runtime.host_inputs import HOST_INPUTS, with_host_constants
@@ -20,6 +23,7 @@ from kiln.runtime.memory_plan import plan_memory
 from kiln.tactics import hardware_compat, registry
 from kiln.tactics.registry import Kernel
 from kiln.tactics.spec import layer_spec
+from kiln.util import files
 
 
 class Engine:
@@ -111,9 +115,11 @@ class Engine:
             sign_key = signing.load_private_key(sign_key)
         return plan.encode(header, manifest, tensors, sign_key)
 
-    def save(self, path: str | os.PathLike, sign_key=None) -> Path:
-        """Write the plan atomically; `sign_key` (a PEM path or Ed25519 private key) signs it."""
-        return plan.write(path, self.serialize(Path(path).name, sign_key))
+    def save(self, path: str | os.PathLike, sign_key=None, *, force: bool = False) -> Path:
+        """Write the plan atomically; `sign_key` (a PEM path or Ed25519 private key) signs it. An existing file
+        that is not a plan is replaced only with `force`."""
+        files.check(path, plan.KIND, force=force, what="plan file", error=PlanError)  # before serializing
+        return plan.write(path, self.serialize(Path(path).name, sign_key), force=force)
 
     @classmethod
     def load(cls, path: str | os.PathLike, policy: compat.Policy | str = "strict", *, verify_key=None,
@@ -133,10 +139,15 @@ class Engine:
             config = BuildConfig.from_json(m["config"])
             build_info = dict(m.get("build") or {})
             tactics = {str(k): Choice.from_json(v) for k, v in (m.get("tactics") or {}).items()}
+            unknown = set(tactics) - {layer.name for layer in network.layers}
+            if unknown:
+                raise PlanError(f"{path}: manifest has tactics for layers it does not have "
+                                f"({printable(sorted(unknown)[:3])}); rebuild the plan")
         except PlanError:
             raise
         except Exception as e:
-            raise PlanError(f"{path}: manifest is malformed ({type(e).__name__}: {e}); rebuild the plan") from None
+            raise PlanError(f"{path}: manifest is malformed ({type(e).__name__}: {printable(str(e))}); "
+                            "rebuild the plan") from None
         tuned_for = report.built
         if policy is compat.Policy.RETUNE and (report.differs or force_retune):
             tactics, info = retune(network, config, device, tactics, str(timing_cache) if timing_cache else None,
@@ -144,7 +155,48 @@ class Engine:
             build_info["retune"] = dict(info, **{"from": report.built.get("name"), "differences": report.blocking
                                                  + report.notes})
             tuned_for = None  # this device's fingerprint
-        engine = cls(network, config, device, source_sha256=str(p.header.get("source_sha256", "")),
-                     build_info=build_info, header=p.header, tactics=tactics, tuned_for=tuned_for)
+        try:
+            engine = cls(network, config, device, source_sha256=str(p.header.get("source_sha256", "")),
+                         build_info=build_info, header=p.header, tactics=tactics, tuned_for=tuned_for)
+        except KilnError:
+            raise
+        except Exception as e:
+            raise PlanError(f"{path}: its layers cannot be set up as the manifest describes them "
+                            f"({type(e).__name__}: {printable(str(e))}); rebuild the plan") from None
+        for step, layer in enumerate(network.layers):
+            engine.kernels[step] = _checked_once(engine, step, layer, str(path))
         engine.build_info["load_seconds"] = time.perf_counter() - start
         return engine
+
+
+def _checked_once(engine: Engine, step: int, layer, source: str) -> Kernel:
+    """The layer's kernel, checking its first call against the manifest (then running bare): a reference that fails
+    on a static engine, or an output of another dtype or shape than declared, is a PlanError, never a wrong answer."""
+    kernel, net = engine.kernels[step], engine.network
+
+    def bad(what: str) -> PlanError:
+        return PlanError(f"{source}: layer {printable(layer.name)} ({layer.kind}) {what}; the plan does not describe "
+                         "a network kiln can run (edited, or written by a faulty kiln): rebuild it")
+
+    def first(args, **kw):
+        try:
+            outs = kernel(args, **kw)
+        except KilnError:
+            raise
+        except Exception as e:  # compiled tactics fall back to the reference; dynamic shapes may be the input's fault
+            if layer.name in engine.compiled or engine.has_dynamic_inputs:
+                raise
+            raise bad(f"fails ({type(e).__name__}: {printable(str(e))[:200]})") from None
+        if len(outs) < len(layer.outputs) and any(layer.outputs[len(outs):]):
+            raise bad(f"gives {len(outs)} outputs for {len(layer.outputs)}")
+        for name, value in zip(layer.outputs, outs):
+            t = net.tensors.get(name)
+            if t is None or t.kind != "tensor" or not isinstance(value, torch.Tensor):
+                continue
+            if value.dtype not in (t.dtype.torch, t.dtype.carrier) or t.is_static and tuple(value.shape) != t.shape:
+                raise bad(f"computes {printable(name)} as {str(value.dtype).removeprefix('torch.')}"
+                          f"{list(value.shape)}, but the plan declares {t.type_str()}")
+        engine.kernels[step] = kernel
+        return outs
+
+    return first

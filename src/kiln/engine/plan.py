@@ -1,9 +1,10 @@
-"""Plan file v1: fixed prefix + JSON header (readable alone) + payload (manifest JSON + safetensors).
+"""Plan file v2: fixed prefix + JSON header (readable alone) + payload (manifest JSON + safetensors).
 
-    b"KILNPLAN" | u32 format | u32 header_len | header JSON | u64 manifest_len | manifest JSON | safetensors
+    b"KILNPLAN" | u32 format | u32 header_len | header sha256 | header JSON | u64 manifest_len | manifest JSON
+    | safetensors
 
 The header carries versions, the device fingerprint, the source model's and the payload's
-sha256; the payload is hashed before any of it is parsed. Plans are data: no pickle, ever.
+sha256; header and payload are each hashed before any of them is parsed. Plans are data: no pickle, ever.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +22,15 @@ import safetensors.torch
 import torch
 
 from kiln.engine import signing
-from kiln.engine.safe_json import loads_json
-from kiln.errors import PlanError, SecurityError
+from kiln.engine.safe_json import loads_json, printable
+from kiln.errors import PlanError
+from kiln.util import files
 from kiln.version import __version__
 
 MAGIC = b"KILNPLAN"
-FORMAT_VERSION = 1
-PREFIX = struct.Struct("<8sII")
+KIND = files.magic_kind("kiln plan", "model.plan", MAGIC)
+FORMAT_VERSION = 2
+PREFIX = struct.Struct("<8sII32s")  # magic, format, header length, sha256 of the header bytes
 MAX_HEADER = 1 << 20
 MAX_MANIFEST = 256 << 20
 MAX_PLAN = 64 << 30
@@ -59,29 +61,25 @@ def encode(header: dict, manifest: dict, tensors: dict[str, torch.Tensor], sign_
                   payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest())
     if sign_key is not None:
         header = signing.sign(header, sign_key)
+    return pack_header(header) + payload
+
+
+def pack_header(header: dict) -> bytes:
+    """The fixed prefix (with the header's sha256) and the header JSON."""
     h = _json_dumps(header)
-    return PREFIX.pack(MAGIC, FORMAT_VERSION, len(h)) + h + payload
+    return PREFIX.pack(MAGIC, FORMAT_VERSION, len(h), hashlib.sha256(h).digest()) + h
 
 
-def write(path: str | os.PathLike, data: bytes) -> Path:
-    """Atomically write `data` to `path` (a temp file in the same folder, then rename); never follows a symlink."""
-    path = Path(path)
-    if path.is_symlink():
-        raise SecurityError(f"{path} is a symbolic link; kiln writes plans only to regular paths")
-    if path.exists() and path.is_dir():
-        raise PlanError(f"{path} is a directory; give a file name such as model.plan")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise PlanError(f"folder {folder} does not exist; create it first")
-    fd, tmp = tempfile.mkstemp(prefix=".kiln-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def unpack(data: bytes) -> tuple[dict, bytes]:
+    """(header, payload) of a well-formed plan's bytes, unchecked: for tools and tests that edit plans."""
+    hlen = PREFIX.unpack(data[:PREFIX.size])[2]
+    return json.loads(data[PREFIX.size:PREFIX.size + hlen]), data[PREFIX.size + hlen:]
+
+
+def write(path: str | os.PathLike, data: bytes, force: bool = False) -> Path:
+    """Write `data` to `path` under kiln's write policy (kiln.util.files): atomic, no links, replaces only a plan
+    unless `force`."""
+    return files.write(path, data, KIND, force=force, what="plan file", error=PlanError)
 
 
 def _explain_foreign(start: bytes) -> str:
@@ -94,45 +92,80 @@ def _explain_foreign(start: bytes) -> str:
     return "bad magic bytes"
 
 
+def plan_file(path) -> Path:
+    """`path` as a Path to an existing regular file, or a PlanError saying what it is instead."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise PlanError(f"plan path must be a str or os.PathLike naming a plan file, got {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise PlanError(f"plan file {path} is a directory; give the path of a plan file inside it")
+    if not path.exists():
+        raise PlanError(f"plan file {path} does not exist")
+    if not path.is_file():
+        raise PlanError(f"plan file {path} is not a regular file (a device, pipe or socket); give a plan file")
+    return path
+
+
 def read_header(path: str | os.PathLike) -> dict:
     """Read and check only the header; the payload is not touched."""
-    path = Path(path)
-    if not path.is_file():
-        raise PlanError(f"plan file {path} does not exist")
+    path = plan_file(path)
     with open(path, "rb") as f:
         return _read_header(f, path)[0]
 
 
+# every header key, with its type; the device fingerprint's keys are checked by compat.py
+HEADER_KEYS = {"format": int, "kiln": str, "created": (int, float), "payload_bytes": int, "payload_sha256": str,
+               "device": dict, "source_sha256": str, "hardware_compat": str, "rebuild": str}
+OPTIONAL_HEADER_KEYS = {"retuned_from": (str, type(None)), "signature": dict}
+
+
 def _read_header(f, path: Path) -> tuple[dict, int]:
     prefix = f.read(PREFIX.size)
-    if len(prefix) < PREFIX.size:
+    if len(prefix) < 12:
         raise PlanError(f"{path} is not a kiln plan: file is empty or truncated ({len(prefix)} bytes)")
-    magic, version, hlen = PREFIX.unpack(prefix)
+    magic, version = struct.unpack("<8sI", prefix[:12])
     if magic != MAGIC:
         raise PlanError(f"{path} is not a kiln plan: {_explain_foreign(prefix)}")
     if version != FORMAT_VERSION:
-        raise PlanError(f"{path} uses plan format {version}; this kiln reads format {FORMAT_VERSION}; "
-                        "rebuild the plan with this kiln")
+        raise PlanError(f"{path} uses plan format {version}; this kiln reads format {FORMAT_VERSION} only; "
+                        "rebuild the plan from its ONNX model with this kiln (`kiln build MODEL.onnx -o PLAN`)")
+    if len(prefix) < PREFIX.size:
+        raise PlanError(f"{path} is truncated inside its header")
+    hlen, digest = PREFIX.unpack(prefix)[2:]
     if hlen > MAX_HEADER:
         raise PlanError(f"{path}: header length {hlen} is over the {MAX_HEADER} byte limit (corrupted plan)")
     raw = f.read(hlen)
     if len(raw) != hlen:
         raise PlanError(f"{path} is truncated inside its header")
+    if hashlib.sha256(raw).digest() != digest:
+        raise PlanError(f"{path}: header checksum mismatch (the file is corrupted or was edited); "
+                        "rebuild or re-copy the plan")
     header = loads_json(raw, what=f"{path}: header", max_bytes=MAX_HEADER, max_depth=8, max_values=10_000,
                         error=PlanError, fix="the plan is corrupted; rebuild it")
-    if not isinstance(header.get("payload_bytes"), int) or header["payload_bytes"] < 0 \
-            or not isinstance(header.get("payload_sha256"), str) or not isinstance(header.get("device", {}), dict):
-        raise PlanError(f"{path}: header is corrupted (payload_bytes, payload_sha256 or device missing or mistyped); "
-                        "rebuild the plan")
+    _check_header(header, path, version)
     return header, PREFIX.size + hlen
+
+
+def _check_header(header: dict, path: Path, version: int) -> None:
+    """Every header key present with its type, and no other: a misspelt key is never silently ignored."""
+    types = HEADER_KEYS | OPTIONAL_HEADER_KEYS
+    missing, unknown = [k for k in HEADER_KEYS if k not in header], [k for k in header if k not in types]
+    if missing or unknown:
+        what = f"lacks {missing}" if missing else f"has unknown keys {printable(unknown)}"
+        raise PlanError(f"{path}: header {what} (the plan is corrupted or was edited); rebuild the plan")
+    for key, value in header.items():
+        if isinstance(value, bool) or not isinstance(value, types[key]):
+            raise PlanError(f"{path}: header {key!r} is a {type(value).__name__}, which is not valid; "
+                            "rebuild the plan")
+    if header["format"] != version or header["payload_bytes"] < 0:
+        raise PlanError(f"{path}: header format {header['format']} or payload size {header['payload_bytes']} "
+                        "is invalid (corrupted plan); rebuild the plan")
 
 
 def read(path: str | os.PathLike, verify_key=None, check_header: Callable[[dict], None] | None = None) -> Plan:
     """Read a whole plan: header, its signature (when `verify_key` is given), `check_header(header)` (e.g. device
     compatibility, decided from the header alone), payload checksum, then manifest and tensors."""
-    path = Path(path)
-    if not path.is_file():
-        raise PlanError(f"plan file {path} does not exist")
+    path = plan_file(path)
     size = path.stat().st_size
     if size > MAX_PLAN:
         raise PlanError(f"{path} is {size} bytes, over kiln's plan size limit")

@@ -53,6 +53,14 @@ def check_limits(value, *, max_depth: int = MAX_DEPTH, max_values: int = MAX_VAL
             raise ValueError(f"a string longer than {max_string} characters")
 
 
+def printable(value, quote: bool = True) -> str:
+    """Untrusted text (or a JSON value) safe to print to a terminal: control and format characters (ESC, \\r, \\n,
+    bidi overrides) escaped; quoted as data unless `quote` is False (then only escaped)."""
+    if quote or not isinstance(value, str):
+        return repr(value)  # repr escapes every character that is not printable
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in value)
+
+
 def loads_json(data: bytes | str, *, what: str = "JSON", max_bytes: int = 64 << 20, max_depth: int = MAX_DEPTH,
                max_values: int = MAX_VALUES, max_string: int = MAX_STRING, allow_nan: bool = False,
                expect: type | None = dict, error: type[KilnError] = ConfigError, fix: str = "regenerate it"):

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
-from kiln.errors import InternalError, PlanError
+from kiln.engine.safe_json import printable
+from kiln.errors import InternalError, ModelError, PlanError
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.ir import DType, Layer, Network
 
@@ -60,54 +62,131 @@ def network_to_json(net: Network, prefix: str = "") -> tuple[dict, dict[str, tor
 
 
 def network_from_json(m: dict, tensors: dict[str, torch.Tensor]) -> Network:
-    """Rebuild a network from an untrusted manifest; any malformation is a PlanError."""
+    """Rebuild a network from an untrusted manifest; any malformation, or a stored tensor whose dtype or shape
+    differs from the manifest's declaration, is a PlanError."""
+    used: set[str] = set()
     try:
-        net = _network(m, tensors, "", 0)
+        net = _network(m, tensors, "", 0, used)
     except PlanError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, InternalError, RecursionError) as e:
-        raise PlanError(f"plan manifest is malformed ({type(e).__name__}: {e}); rebuild the plan") from None
+    except (KeyError, TypeError, ValueError, AttributeError, InternalError, ModelError, RecursionError) as e:
+        raise PlanError(f"plan manifest is malformed ({type(e).__name__}: {printable(str(e))}); "
+                        "rebuild the plan") from None
     try:
         net.verify()
     except Exception as e:
-        raise PlanError(f"plan network is inconsistent ({e}); rebuild the plan") from None
+        raise PlanError(f"plan network is inconsistent ({printable(str(e))}); rebuild the plan") from None
+    if len(used) != len(tensors):
+        raise PlanError(f"plan stores tensors its manifest never names ({printable(sorted(set(tensors) - used)[:3])}"
+                        "...); rebuild the plan")
     return net
 
 
-def _network(m: dict, tensors: dict[str, torch.Tensor], prefix: str, depth: int) -> Network:
+_NETWORK_KEYS = {"name", "inputs", "outputs", "tensors", "constants", "strings", "layers"}
+_TENSOR_KEYS = {"name", "dtype", "kind", "shape"}
+_LAYER_KEYS = {"name", "kind", "inputs", "outputs", "attrs", "precision", "origin"}
+
+
+def _keys(entry: Any, keys: set[str], what: str) -> dict:
+    """`entry` as a dict with exactly `keys`, else a PlanError naming `what`."""
+    if not isinstance(entry, dict) or set(entry) != keys:
+        got = sorted(map(str, entry)) if isinstance(entry, dict) else type(entry).__name__
+        raise PlanError(f"plan manifest: {what} has keys {printable(got)}, expected {sorted(keys)}; rebuild the plan")
+    return entry
+
+
+def _names(values: Any, what: str) -> list[str]:
+    """A list of tensor names (str), else a PlanError."""
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise PlanError(f"plan manifest: {what} is not a list of names; rebuild the plan")
+    return values
+
+
+def _stored(tensors: dict[str, torch.Tensor], key: str, used: set[str]) -> torch.Tensor:
+    if key not in tensors:
+        raise PlanError(f"plan manifest names tensor {printable(key)}, which the plan does not store; rebuild the plan")
+    used.add(key)
+    return tensors[key]
+
+
+def _check_constant(t, value: torch.Tensor) -> None:
+    """A stored constant must be exactly what the manifest declares: else it would run as another type."""
+    if t.kind != "tensor" or DType.from_torch(value.dtype) != t.dtype or t.shape != tuple(value.shape):
+        raise PlanError(f"plan manifest declares constant {printable(t.name)} as {t.type_str()}, but the plan stores "
+                        f"{DType.from_torch(value.dtype)}{list(value.shape)}; rebuild the plan")
+
+
+def _check_layer(l: dict) -> None:
+    """A registered kind (a plugin op's kind named as such), some output, and inputs unless its kind takes none."""
     from kiln.kinds import KINDS
 
+    kind, name = l["kind"], printable(l["name"])
+    if not isinstance(kind, str) or kind not in KINDS:
+        if isinstance(kind, str) and "::" in kind:
+            domain, op = kind.split("::", 1)
+            raise PlanError(f"plan layer {name} is the plugin op {printable(op)} of domain {printable(domain)}, "
+                            "which is not registered in this process; register it before loading, with "
+                            f"kiln.plugins.register_op({op!r}, reference, domain={domain!r})")
+        raise PlanError(f"plan layer {name} has kind {printable(kind)}, which this kiln does not have; if it is a "
+                        "plugin op, register it with kiln.plugins.register_op before loading, else rebuild the plan "
+                        "with this version of kiln")
+    if not any(_names(l["outputs"], f"outputs of layer {name}")):
+        raise PlanError(f"plan layer {name} ({kind}) has no outputs; rebuild the plan")
+    if not any(_names(l["inputs"], f"inputs of layer {name}")) and not _takes_no_inputs(kind):
+        raise PlanError(f"plan layer {name} ({kind}) has no inputs, and a {kind} layer reads at least one; "
+                        "rebuild the plan")
+
+
+def _takes_no_inputs(kind: str) -> bool:
+    """Whether a layer of `kind` may have no inputs: ONNX ops whose schema allows it, and plugin ops."""
+    if "::" in kind:
+        return True
+    try:
+        return onnx.defs.get_schema(kind).min_input == 0
+    except onnx.defs.SchemaError:
+        return False  # kiln's own (fused) kinds all read inputs
+
+
+def _network(m: dict, tensors: dict[str, torch.Tensor], prefix: str, depth: int, used: set[str]) -> Network:
     if depth > MAX_DEPTH:
         raise PlanError(f"plan manifest nests control-flow bodies deeper than {MAX_DEPTH} levels; rebuild the plan")
 
     def dec(layer: str, key: str, v: Any) -> Any:
         if isinstance(v, dict):
-            if _TENSOR_KEY in v:
-                return tensors[str(v[_TENSOR_KEY])]
-            if "$dtype" in v:
+            if len(v) == 1 and isinstance(v.get(_TENSOR_KEY), str):
+                return _stored(tensors, v[_TENSOR_KEY], used)
+            if len(v) == 1 and "$dtype" in v:
                 return DType(v["$dtype"])
-            if "$network" in v:
-                return _network(v["$network"], tensors, f"{prefix}net/{layer}/{key}/", depth + 1)
-            raise PlanError("unknown attribute encoding in plan manifest")
+            if len(v) == 1 and "$network" in v:
+                return _network(v["$network"], tensors, f"{prefix}net/{layer}/{key}/", depth + 1, used)
+            raise PlanError(f"plan layer {printable(layer)}: attribute {printable(key)} has an unknown encoding; "
+                            "rebuild the plan")
         if isinstance(v, list):
             return [dec(layer, key, x) for x in v]
         return v
 
+    m = _keys(m, _NETWORK_KEYS, "a network")
     net = Network(str(m["name"]))
     for t in m["tensors"]:
-        shape = None if t["shape"] is None else tuple(d if isinstance(d, (int, str)) or d is None else _bad()
-                                                      for d in t["shape"])
-        net.add_tensor(str(t["name"]), DType(t["dtype"]), shape, str(t["kind"]))
-    for c in m["constants"]:
-        net.constants[str(c)] = tensors[f"{prefix}const/{c}"]
+        t = _keys(t, _TENSOR_KEYS, "a tensor entry")
+        if not isinstance(t["name"], str) or t["name"] in net.tensors:
+            raise PlanError(f"plan manifest declares tensor {printable(t['name'])} twice or by a non-name; "
+                            "rebuild the plan")
+        shape = None if t["shape"] is None else tuple(_dim(d) for d in t["shape"])
+        net.add_tensor(t["name"], DType(t["dtype"]), shape, str(t["kind"]))
+    for c in _names(m["constants"], "constants"):
+        net.constants[c] = _stored(tensors, f"{prefix}const/{c}", used)
+        _check_constant(net.tensors[c], net.constants[c])
     for c, s in m["strings"].items():
         net.constants[str(c)] = _strings(s["values"], s["shape"])
-    net.inputs = [str(x) for x in m["inputs"]]
-    net.outputs = [str(x) for x in m["outputs"]]
+        if net.tensors[c].dtype != DType.STRING or net.tensors[c].shape != net.constants[c].shape:
+            raise PlanError(f"plan manifest declares string constant {printable(c)} as {net.tensors[c].type_str()}; "
+                            "rebuild the plan")
+    net.inputs = _names(m["inputs"], "network inputs")
+    net.outputs = _names(m["outputs"], "network outputs")
     for l in m["layers"]:
-        if l["kind"] not in KINDS:
-            raise PlanError(f"plan uses layer kind {l['kind']!r}, which this kiln does not have; "
-                            "rebuild the plan with this version of kiln")
+        l = _keys(l, _LAYER_KEYS, "a layer entry")
+        _check_layer(l)
         name = str(l["name"])
         attrs = {str(k): dec(name, k, v) for k, v in l["attrs"].items()}
         net.layers.append(Layer(name, str(l["kind"]), [str(i) for i in l["inputs"]], [str(o) for o in l["outputs"]],
@@ -123,6 +202,13 @@ def _strings(values: Any, shape: Any) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out.reshape(dims)
+
+
+def _dim(d: Any):
+    """A declared dimension: a size, a symbolic name or None (unknown)."""
+    if d is None or isinstance(d, str) or isinstance(d, int) and not isinstance(d, bool) and d >= 0:
+        return d
+    return _bad()
 
 
 def _bad():

@@ -10,12 +10,33 @@ import math
 
 import torch
 
+from kiln.errors import InputError
 from kiln.kinds.registry import kind
+from kiln.npyio import host_memory
 
 
 def ints(t: torch.Tensor | None) -> list[int] | None:
     """A run-time integer tensor (or None) as a flat Python list."""
     return None if t is None else [int(v) for v in t.reshape(-1).tolist()]
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes one tensor may take on `device`: its memory (host RAM for the CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return host_memory()
+
+
+def checked_shape(shape, dtype: torch.dtype, device: torch.device, what: str) -> list[int]:
+    """A shape computed from run-time data as non-negative ints whose tensor fits `device`, else an InputError."""
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise InputError(f"{what} asks for an output of shape {dims}, with a negative dimension")
+    need = math.prod(dims) * dtype.itemsize
+    if need > device_memory(device):
+        raise InputError(f"{what} asks for an output of shape {dims} ({need} bytes), over the memory budget of "
+                         f"{device_memory(device)} bytes on {device}; feed smaller values")
+    return dims
 
 
 def axis_of(axis: int, rank: int) -> int:
@@ -106,12 +127,18 @@ def flatten(inputs, attrs):
 @kind("Expand")
 def expand(inputs, attrs):
     x, shape = inputs[0], ints(inputs[1])
-    return x.expand(torch.broadcast_shapes(x.shape, tuple(shape))).contiguous()
+    if any(d < 0 for d in shape):
+        raise InputError(f"Expand asks for shape {shape}, with a negative dimension")
+    out = checked_shape(torch.broadcast_shapes(x.shape, tuple(shape)), x.dtype, x.device, "Expand")
+    return x.expand(out).contiguous()
 
 
 @kind("Tile")
 def tile(inputs, attrs):
-    return inputs[0].repeat(ints(inputs[1]))
+    x, repeats = inputs[0], ints(inputs[1])
+    if len(repeats) == x.dim():
+        checked_shape([d * r for d, r in zip(x.shape, repeats)], x.dtype, x.device, "Tile")
+    return x.repeat(repeats)
 
 
 def _pad_index(n: int, before: int, after: int, mode: str, device) -> torch.Tensor:
@@ -152,6 +179,9 @@ def pad(inputs, attrs):
     value = inputs[2] if len(inputs) > 2 else None
     axes = ints(inputs[3] if len(inputs) > 3 else None)
     axes = [axis_of(a, x.dim()) for a in axes] if axes is not None else list(range(x.dim()))
+    if len(pads) == 2 * len(axes):
+        grown = dict(zip(axes, (x.shape[a] + p + q for a, p, q in zip(axes, pads, pads[len(axes):]))))
+        checked_shape([grown.get(i, d) for i, d in enumerate(x.shape)], x.dtype, x.device, "Pad")
     fill = value.reshape(()).item() if value is not None and value.numel() else 0
     return pad_axes(x, axes, pads, attrs.get("mode", "constant"), fill)
 
@@ -174,7 +204,8 @@ def size(inputs, attrs):
 @kind("ConstantOfShape")
 def constant_of_shape(inputs, attrs):
     value = attrs["value"]
-    return torch.full(ints(inputs[0]), value.reshape(-1)[0].item(), dtype=value.dtype, device=inputs[0].device)
+    shape = checked_shape(ints(inputs[0]), value.dtype, inputs[0].device, "ConstantOfShape")
+    return torch.full(shape, value.reshape(-1)[0].item(), dtype=value.dtype, device=inputs[0].device)
 
 
 @kind("Range")
@@ -182,7 +213,11 @@ def range_(inputs, attrs):
     """start + i * delta for i < ceil((limit - start) / delta); fp16/bf16 computed in fp32 if stashed."""
     start, limit, delta = inputs
     dtype = start.dtype
-    n = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
+    span, step = limit.item() - start.item(), delta.item()
+    if not (math.isfinite(span) and math.isfinite(step)) or step == 0:
+        raise InputError(f"Range(start={start.item()}, limit={limit.item()}, delta={step}) has no finite length; "
+                         "start, limit and delta must be finite and delta non-zero")
+    n = checked_shape([max(math.ceil(span / step), 0)], dtype, start.device, "Range")[0]
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) and attrs.get("stash_type", 1) == 1 else dtype
     i = torch.arange(n, dtype=compute, device=start.device)
     return (start.to(compute) + i * delta.to(compute)).to(dtype)

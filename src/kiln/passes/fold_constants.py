@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.errors import ModelError
+from kiln.errors import InputError, ModelError
 from kiln.ir import Layer, Network
 from kiln.kinds import registry
 from kiln.passes.manager import PassContext
@@ -47,7 +47,7 @@ def fold_constants(net: Network, ctx: PassContext) -> bool:
         try:
             with torch.no_grad():
                 outs = registry.run_reference(layer.kind, values, layer.attrs)
-        except (RuntimeError, ValueError, IndexError, TypeError) as e:
+        except (RuntimeError, ValueError, IndexError, TypeError, InputError) as e:
             raise ModelError(f"layer {layer.name!r} ({layer.kind}, from ONNX nodes {layer.origin}) fails on its "
                              f"constant inputs: {str(e).splitlines()[0] if str(e) else type(e).__name__}; "
                              "fix the model's constants") from None

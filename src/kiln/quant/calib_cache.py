@@ -4,7 +4,7 @@
      "percentile": 99.99, "data_sha256": "…", "samples": 64,
      "tensors": {"input": {"scale": 0.0213, "min": -2.4, "max": 2.7}, …}}
 
-Written atomically (temporary file in the same folder, then rename); read as untrusted input.
+Written under kiln's write policy (kiln.util.files: atomic, no links); read as untrusted input.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +19,11 @@ from kiln.engine.safe_json import load_json
 from kiln.errors import ConfigError
 from kiln.quant import calibrators
 from kiln.quant.scheme import TensorScale
+from kiln.util import files
 from kiln.version import __version__
 
 FORMAT, VERSION = "kiln-calibration-cache", 1
+KIND = files.json_kind("calibration cache", "calib.json", FORMAT, key="format")
 MAX_BYTES, MAX_TENSORS, MAX_NAME = 16 << 20, 100_000, 4096
 FIX = "delete it, or rebuild it with --calib DATA"
 
@@ -42,15 +43,7 @@ class CalibrationCache:
                 "percentile": self.percentile, "data_sha256": self.data_sha256, "samples": self.samples,
                 "tensors": {n: {"scale": s.scale, "min": (s.range or (0.0, 0.0))[0], "max": (s.range or (0.0, 0.0))[1]}
                             for n, s in sorted(self.scales.items())}}
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(body, f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return files.write(path, json.dumps(body, indent=1).encode(), KIND, what="calibration cache")
 
 
 def _number(v, what: str, path, positive: bool = False) -> float:

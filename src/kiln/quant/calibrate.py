@@ -20,6 +20,7 @@ import torch
 
 from kiln.errors import InputError
 from kiln.ir import Network
+from kiln.npyio import read_npy, read_npz
 from kiln.quant import calibrators
 from kiln.quant.batching import fitted
 from kiln.quant.histogram import Histogram
@@ -52,14 +53,6 @@ class CalibrationData:
                               .encode()).hexdigest()
 
 
-def _load_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False, mmap_mode="r")
-    except (ValueError, OSError, EOFError) as e:
-        raise InputError(f"calibration file {path} is not a readable .npy array ({str(e)[:120]}); "
-                         "write it with numpy.save") from None
-
-
 def _arrays(path: Path, inputs: list[str]) -> dict[str, np.ndarray]:
     """Input name → all samples, from a .npz, a folder of NAME.npy, or one .npy for a one-input network."""
     if path.is_dir():
@@ -67,16 +60,11 @@ def _arrays(path: Path, inputs: list[str]) -> dict[str, np.ndarray]:
         if len(files) > MAX_FILES:
             raise InputError(f"calibration folder {path} holds more than {MAX_FILES} .npy files; "
                              "give one NAME.npy per network input")
-        arrays = {p.stem: _load_npy(p) for p in files}
+        arrays = {p.stem: read_npy(p, mmap=True) for p in files}
     elif path.suffix == ".npz" and path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files[:MAX_FILES]}
-        except (ValueError, OSError, EOFError, KeyError) as e:
-            raise InputError(f"calibration file {path} is not a readable .npz archive ({str(e)[:120]}); "
-                             "write it with numpy.savez") from None
+        arrays = read_npz(path, names=inputs)
     elif path.suffix == ".npy" and path.is_file() and len(inputs) == 1:
-        arrays = {inputs[0]: _load_npy(path)}
+        arrays = {inputs[0]: read_npy(path, mmap=True)}
     else:
         raise InputError(f"calibration data {path} is not a .npz file, a folder of NAME.npy files, or (for a "
                          "one-input network) a .npy file; give one of those to --calib")

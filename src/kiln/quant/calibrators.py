@@ -57,6 +57,8 @@ def _entropy(h: Histogram, percentile: float, levels: int = 128) -> float:
         p = counts[:i].copy()
         p[i - 1] += counts[i:].sum()
         nonzero = counts[:i] != 0
+        if not nonzero.any():  # every value lies past this edge: Q is empty, KL(P‖Q) infinite
+            continue
         per = i // levels
         bounds = np.arange(levels) * per        # levels chunks of `per` bins, the last takes the remainder
         merged = np.add.reduceat(counts[:i], bounds)

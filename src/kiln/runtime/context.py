@@ -8,29 +8,37 @@ Runtime values are torch tensors, numpy object arrays (strings), lists (sequence
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Mapping
 
 import torch
 
-from kiln.errors import InputError, InternalError, KilnError
+from kiln.errors import InputError, InternalError, KilnError, ResourceLimitError
 from kiln.ir import Layer, Network, Tensor
 from kiln.ir.dtype import DType, move, to_numpy
 from kiln.kinds import run_reference
 from kiln.runtime.arena import Arena
 from kiln.runtime.cuda_graph import GraphCache
-from kiln.runtime.io import as_torch, check_feeds, fetch, upload
-from kiln.tactics.registry import Kernel
+from kiln.runtime.io import as_torch, check_feeds, check_indices, fetch, index_bounds, upload
+from kiln.tactics.registry import Kernel, reference_kernel
+from kiln.tactics.spec import layer_spec
+
+
+class KernelFallbackWarning(RuntimeWarning):
+    """A compiled kernel failed at run time and the layer's reference ran instead (a bug in kiln)."""
 
 Failure = Callable[[Layer, Exception], Exception]
+Fallback = Callable[[int, Exception], Kernel | None]
 
 
 def run_layers(net: Network, values: dict[str, Any], fail: Failure, release: list[list[str]] | None = None,
                keep: set[str] = frozenset(), kernels: list[Kernel] | None = None,
-               buffers: list[list | None] | None = None) -> None:
+               buffers: list[list | None] | None = None, fallback: Fallback | None = None) -> None:
     """Run `net`'s layers in order over `values` (updated in place); `fail` turns a layer's error into ours.
 
     `kernels` (one per layer: the engine's compiled tactics) replace the layers' references where given;
-    `buffers` (per layer: its outputs' places in the activation arena, or None) are handed to them as `out`.
+    `buffers` (per layer: its outputs' places in the activation arena, or None) are handed to them as `out`;
+    `fallback(step, error)` gives the kernel to retry a failed layer with (its reference), or None.
     """
     for step, layer in enumerate(net.layers):
         args = [values[n] if n else None for n in layer.inputs]
@@ -41,10 +49,19 @@ def run_layers(net: Network, values: dict[str, Any], fail: Failure, release: lis
                 outs = kernels[step](args, out=buffers[step])
             else:
                 outs = kernels[step](args)
+        except InputError as e:  # a value fed at run time asks for too much (a shape, a size): name what it read
+            raise InputError(f"layer {layer.name!r} ({layer.kind}) reading {[n for n in layer.inputs if n]}: "
+                             f"{e}") from None
         except KilnError:
             raise
         except (RuntimeError, ValueError, IndexError) as e:
-            raise fail(layer, e) from e
+            retry = fallback(step, e) if fallback is not None and kernels else None
+            if retry is None:
+                raise fail(layer, e) from e
+            try:
+                outs = retry(args)
+            except (RuntimeError, ValueError, IndexError) as again:
+                raise fail(layer, again) from again
         for name, value in zip(layer.outputs, outs):
             if name:
                 values[name] = value
@@ -121,6 +138,7 @@ class ExecutionContext:
         self.stream = torch.cuda.Stream() if cuda else None
         self.graphs = GraphCache(self.stream) if cuda and use_graph else None
         self.arena = Arena(engine)
+        self.index_bounds = index_bounds(engine.network)
 
     def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None) -> dict[str, Any]:
         """Run the engine. numpy in → numpy out; torch or DLPack in → torch out (on the engine's device).
@@ -136,6 +154,9 @@ class ExecutionContext:
     def check(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """(runtime values on the host or device as given, whether the caller used numpy), checked against the
         engine's inputs."""
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds must be a dict of input name → array, got {type(feeds).__name__}; the engine's "
+                             f"inputs are {self.engine.network.inputs}")
         net = self.engine.network
         other = [net.tensors[n] for n in net.inputs if net.tensors[n].kind != "tensor"]
         plain = {k: v for k, v in feeds.items() if k not in {t.name for t in other}}
@@ -146,6 +167,7 @@ class ExecutionContext:
                 raise InputError(f"wrong inputs: missing [{t.name!r}]; the engine expects {net.inputs}")
             tensors[t.name], was_numpy = _feed_value(t, feeds[t.name])
             as_numpy |= was_numpy
+        check_indices(tensors, self.index_bounds)
         return tensors, as_numpy
 
     def upload(self, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +181,7 @@ class ExecutionContext:
     def execute(self, inputs: dict[str, Any], keep: set[str] | None = None) -> dict[str, Any]:
         """The engine's kernels on device-resident inputs (a captured CUDA graph where possible), on this
         context's stream, ordered after and before the caller's current stream; returns device values."""
-        keep = set(keep or ())
+        keep = self._keep(keep)
         if self.stream is None:
             return self._run(inputs, keep)
         caller = torch.cuda.current_stream()
@@ -175,6 +197,20 @@ class ExecutionContext:
                 result = self._run(inputs, keep)
         caller.wait_stream(self.stream)
         return result
+
+    def _keep(self, keep) -> set[str]:
+        """`keep` as a set of names of tensors the engine reads or computes, or an InputError naming the others."""
+        if isinstance(keep, str) or not isinstance(keep, (set, frozenset, list, tuple, type(None))):
+            raise InputError(f"keep must be a set of tensor names, got {keep!r}")
+        keep = set(keep or ())
+        if keep:
+            net = self.engine.network
+            known = set(net.inputs) | set(net.constants) | {o for layer in net.layers for o in layer.outputs if o}
+            unknown = sorted(map(str, keep - known))
+            if unknown:
+                raise InputError(f"keep names {unknown}, which this engine does not compute; name tensors of its "
+                                 f"network, e.g. {sorted(known - set(net.constants))[:5]}")
+        return keep
 
     def fetch(self, result: dict[str, Any]) -> dict[str, Any]:
         """Start copying device outputs into pinned host buffers on the current stream; wait for the stream
@@ -196,7 +232,7 @@ class ExecutionContext:
         buffers = None if keep else self.arena.buffers  # kept intermediates outlive their arena places
         with torch.inference_mode():
             run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, self.engine.kernels,
-                       buffers)
+                       buffers, self._fallback)
         # layout layers may leave an output as a view (strided, or aliasing another value, arena memory included):
         # hand back dense tensors of their own
         names = list(net.outputs) + sorted(keep - set(net.outputs))
@@ -207,7 +243,23 @@ class ExecutionContext:
         """Input signatures that could not be captured in a CUDA graph, and why."""
         return dict(self.graphs.eager) if self.graphs is not None else {}
 
+    def _fallback(self, step: int, e: Exception) -> Kernel | None:
+        """A compiled tactic failed at run time: kiln's bug, not the user's shapes. Say so and hand back the
+        layer's reference to run instead; None for a layer that already runs its reference."""
+        engine = self.engine
+        layer = engine.network.layers[step]
+        if layer.name not in engine.compiled:
+            return None
+        warnings.warn(f"layer {layer.name!r} ({layer.kind}): tactic {engine.compiled[layer.name].name} failed at "
+                      f"run time ({_first_line(e)}); ran the layer's reference instead. This is a bug in kiln; "
+                      "please report it with the model and input shapes", KernelFallbackWarning, stacklevel=2)
+        spec = layer_spec(engine.network, layer, engine.weights, engine.config.tf32)
+        return reference_kernel(spec)
+
     def _failure(self, layer: Layer, e: Exception) -> Exception:
+        if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
+            return ResourceLimitError(f"layer {layer.name!r} ({layer.kind}) ran out of memory on "
+                                      f"{self.engine.device.torch_device}: {_first_line(e)}; use smaller inputs")
         if self.engine.has_dynamic_inputs:
             return InputError(f"layer {layer.name!r} ({layer.kind}) failed on these input shapes: "
                               f"{_first_line(e)}; check the shapes agree with each other")

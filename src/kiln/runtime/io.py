@@ -9,7 +9,7 @@ import torch
 
 from kiln.config import Profile
 from kiln.errors import InputError, ModelError
-from kiln.ir import DType, Tensor
+from kiln.ir import DType, Network, Tensor
 from kiln.ir.dtype import move, shell_carrier, to_torch
 
 
@@ -25,10 +25,15 @@ def as_torch(name: str, value: Any) -> tuple[torch.Tensor | np.ndarray, bool]:
     numpy object arrays, kiln's runtime form of STRING tensors.
     """
     if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise InputError(f"input {name!r} is a meta tensor, which holds no data; pass a tensor on the CPU or "
+                             "the engine's device")
         return value, False
     if isinstance(value, np.generic):
         value = np.asarray(value)
     if isinstance(value, np.ndarray):
+        if not value.dtype.isnative:  # big-endian data (from another machine's file): torch takes native order only
+            value = value.astype(value.dtype.newbyteorder("="))
         if value.dtype.name not in _TORCH_NATIVE or not value.flags.writeable:
             try:
                 return to_torch(value), True
@@ -86,6 +91,32 @@ def _check_profiles(shapes: dict[str, tuple], profiles: tuple[Profile, ...]) -> 
     got = ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
     raise InputError(f"input shapes ({got}) are outside every optimization profile ({ranges}); "
                      "rebuild with --min-shapes/--max-shapes covering them")
+
+
+def index_bounds(net: Network) -> dict[str, tuple[int, str]]:
+    """Integer inputs a Gather reads as indices into a constant table (embeddings): input → (the table's rows along
+    the gathered axis, the Gather's name), the smallest table where several read one input."""
+    bounds: dict[str, tuple[int, str]] = {}
+    for layer in net.layers:
+        if layer.kind == "Gather" and layer.inputs[1] in net.inputs and layer.inputs[0] in net.constants:
+            table = net.constants[layer.inputs[0]]
+            rows = table.shape[layer.attrs.get("axis", 0) % table.dim()] if table.dim() else 0
+            if rows < bounds.get(layer.inputs[1], (rows + 1,))[0]:
+                bounds[layer.inputs[1]] = (rows, layer.name)
+    return bounds
+
+
+def check_indices(tensors: dict[str, Any], bounds: dict[str, tuple[int, str]]) -> None:
+    """Host-resident index inputs must lie in [-rows, rows) of the tables they index (a Gather out of range
+    fails on the CPU and traps the GPU); device tensors are trusted, not read back, as TensorRT does."""
+    for name, (rows, layer) in bounds.items():
+        v = tensors.get(name)
+        if not isinstance(v, torch.Tensor) or v.device.type != "cpu" or not v.numel():
+            continue
+        lo, hi = (int(x) for x in torch.aminmax(v))
+        if lo < -rows or hi >= rows:
+            raise InputError(f"input {name!r}: values must be in [{-rows}, {rows}) (it indexes a table of {rows} "
+                             f"rows in layer {layer!r}), got values from {lo} to {hi}")
 
 
 def check_byte_length(name: str, data: bytes, dtype: DType, shape: tuple[int, ...]) -> None:

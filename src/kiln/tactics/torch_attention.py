@@ -40,12 +40,16 @@ def _supports(spec: LayerSpec, device) -> str | None:
 
 
 def _configs(spec: LayerSpec, device, level: int):
-    return [{"backend": b} for b in _BACKENDS]
+    """The backends that take the dtype (flash and cuDNN: fp16 and bf16 only); the first is the untimed choice."""
+    half = spec.inputs[0].dtype.torch in (torch.float16, torch.bfloat16)
+    return [{"backend": b} for b in _BACKENDS if half or b in ("efficient", "math")]
 
 
 def _compile(spec: LayerSpec, config, device):
+    """SDPA with the config's backend, and the math kernel after it: a backend's limits depend on shapes (cuDNN
+    refuses sequence length 1, say), so a shape in the profile's range that the tuned one cannot take runs math."""
     a = spec.attrs
-    backend = _BACKENDS[config["backend"]]
+    backends = list(dict.fromkeys([_BACKENDS[config["backend"]], SDPBackend.MATH]))
     causal, scale = bool(a.get("is_causal")), a.get("scale")
     gqa = spec.inputs[0].shape[1] != spec.inputs[1].shape[1]
 
@@ -54,7 +58,7 @@ def _compile(spec: LayerSpec, config, device):
         mask = inputs[3] if len(inputs) > 3 else None
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
-        with sdpa_kernel([backend]):
+        with sdpa_kernel(backends, set_priority=True):
             return [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                                    scale=scale, enable_gqa=gqa)]
 

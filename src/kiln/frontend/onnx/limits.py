@@ -17,3 +17,4 @@ class ModelLimits:
     max_graph_depth: int = 16                 # nesting of subgraphs
     max_tensor_bytes: int = 2**40             # a declared static tensor above this is a typo or an attack
     fold_budget_bytes: int = 64 * 2**20       # constant folding never creates a tensor larger than this
+    max_shape_values: int = 2**20             # 1-D elements ONNX data propagation may hold (~140 bytes each)

@@ -25,24 +25,20 @@ class LoadedModel:
 
 
 def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelLimits = ModelLimits(),
-              input_shapes: dict[str, tuple[int, ...]] | None = None) -> LoadedModel:
+              input_shapes: dict[str, tuple[int, ...]] | None = None,
+              base_dir: str | os.PathLike | None = None) -> LoadedModel:
     """Load `model` (path, bytes or ModelProto) into a checked, shape-inferred ModelProto.
 
-    `input_shapes` fixes the named inputs' dimensions before shape inference (static profiles).
+    `input_shapes` fixes the named inputs' dimensions before shape inference (static profiles); `base_dir` is the
+    folder external data is read from (default: a path's folder; required for bytes or a ModelProto that has some).
     """
     if isinstance(model, onnx.ModelProto):
-        data, base, source = model.SerializeToString(), Path.cwd(), "<ModelProto>"
+        data, base, source = model.SerializeToString(), None, "<ModelProto>"
     elif isinstance(model, (bytes, bytearray)):
-        data, base, source = bytes(model), Path.cwd(), "<bytes>"
+        data, base, source = bytes(model), None, "<bytes>"
     else:
         path = Path(model)
-        if not path.is_file():
-            raise ModelError(f"model file {path} does not exist or is not a file")
-        size = path.stat().st_size
-        if size > PROTOBUF_LIMIT:
-            raise ModelError(f"{path} is {size} bytes, over protobuf's 2 GiB limit; save the model with "
-                             "external data (onnx.save(model, path, save_as_external_data=True))")
-        data, base, source = path.read_bytes(), path.parent, str(path)
+        data, base, source = read_model_bytes(path), path.parent, str(path)
     if len(data) > PROTOBUF_LIMIT:
         raise ModelError("model is over protobuf's 2 GiB limit; save it with external data")
     digest = hashlib.sha256(data).hexdigest()
@@ -51,35 +47,95 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
     check_caps(proto, limits)
     check_ops_supported(proto)
     if any(True for _ in external_tensors(proto)):
-        load_external_data(proto, base, limits.max_file_bytes)
+        load_external_data(proto, _data_folder(base_dir, base, source), limits.max_file_bytes)
     try:
         onnx.checker.check_model(proto)
     except (onnx.checker.ValidationError, Exception) as e:  # checker raises several types
-        raise ModelError(f"{source} failed ONNX validation: {_first_line(e)}") from None
+        why = " ".join(str(e).split())[:500] or type(e).__name__  # the node's name is on the message's next lines
+        raise ModelError(f"{source} failed ONNX validation: {why}") from None
     if input_shapes:
         set_input_shapes(proto, input_shapes)
         del proto.graph.value_info[:]  # exporters' stale symbolic dims would survive re-inference
-    proto = infer_shapes(proto, source)
+    proto = infer_shapes(proto, source, limits)
     check_caps(proto, limits, inferred=True)  # again, now with every inferred intermediate shape
     return LoadedModel(proto, digest, source)
 
 
-def infer_shapes(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
-    """ONNX shape inference in strict mode: shapes that cannot match are a ShapeError naming the node."""
+def read_model_bytes(path: Path) -> bytes:
+    """An .onnx file's bytes, refusing one over protobuf's limit before reading it (and reading no more)."""
+    if not path.is_file():
+        raise ModelError(f"model file {path} does not exist or is not a file")
+    with open(path, "rb") as f:
+        data = f.read(PROTOBUF_LIMIT + 1)
+    if len(data) > PROTOBUF_LIMIT:
+        raise ModelError(f"{path} is over protobuf's 2 GiB limit; save the model with external data "
+                         "(onnx.save(model, path, save_as_external_data=True))")
+    return data
+
+
+def read_model(path: Path, limits: ModelLimits = ModelLimits()) -> onnx.ModelProto:
+    """Parse an .onnx file and check its fields and caps, without external data or shape inference."""
+    proto = parse(read_model_bytes(path), str(path))
+    validate_fields(proto, str(path))
+    check_caps(proto, limits)
+    return proto
+
+
+def _data_folder(base_dir: str | os.PathLike | None, default: Path | None, source: str) -> Path:
+    """The folder external data is read from: `base_dir`, else the model file's folder."""
+    if base_dir is None and default is None:
+        raise ModelError(f"{source} has external data, but kiln was given the model's bytes, not its path; pass "
+                         "base_dir= (the folder holding its data files) or the model's path")
+    base = Path(default if base_dir is None else base_dir)
+    if not base.is_dir():
+        raise ModelError(f"base_dir {base} is not a folder; give the folder holding the model's external data")
+    return base
+
+
+def infer_shapes(proto: onnx.ModelProto, source: str, limits: ModelLimits = ModelLimits()) -> onnx.ModelProto:
+    """ONNX shape inference in strict mode: shapes that cannot match are a ShapeError naming the node.
+
+    A plain pass first: its shapes meet the caps before data propagation (~140 bytes per element of every 1-D
+    tensor it reads) runs, and it is skipped where those tensors exceed `limits.max_shape_values`.
+    """
+    plain = _infer(proto, source, data_prop=False)
+    check_caps(plain, limits, inferred=True)
+    if _shape_values(plain.graph) > limits.max_shape_values:
+        return plain
+    return _infer(proto, source, data_prop=True)
+
+
+def _shape_values(graph: onnx.GraphProto) -> int:
+    """Elements of the 1-D tensors (and rank <= 1 integer initializers) data propagation would hold as dims."""
+    n = 0
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) == 1 and dims[0].HasField("dim_value"):
+            n += max(dims[0].dim_value, 0)
+    for t in graph.initializer:
+        if len(t.dims) <= 1 and t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            n += t.dims[0] if t.dims else 1
+    for node in graph.node:
+        for a in node.attribute:
+            n += sum(_shape_values(g) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))
+    return n
+
+
+def _infer(proto: onnx.ModelProto, source: str, data_prop: bool) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=data_prop)
     except onnx.shape_inference.InferenceError as e:
         if str(e).count("Inference error(s)") > 1:  # inside a function body's expansion: onnx's limit, not ours
-            return _infer_lenient(proto, source)
+            return _infer_lenient(proto, source, data_prop)
         raise ShapeError(f"{source}: shapes in the model cannot match: {_first_line(e)}; "
                          "check the node's input shapes (or the shapes given with --shapes)") from None
     except Exception as e:
         raise ModelError(f"{source}: shape inference failed: {_first_line(e)}") from None
 
 
-def _infer_lenient(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
+def _infer_lenient(proto: onnx.ModelProto, source: str, data_prop: bool) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=data_prop)
     except Exception as e:
         raise ModelError(f"{source}: shape inference failed: {_first_line(e)}") from None
 

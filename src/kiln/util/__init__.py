@@ -1,0 +1,1 @@
+"""Small helpers every layer may use (above errors and version only)."""
