@@ -249,6 +249,27 @@ def test_gpu_every_sdpa_config_runs_every_shape(dtype, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [{"backend": "flash"}, {"backend": "efficient"}, {"backend": "cudnn"}])
+def test_gpu_every_fused_sdpa_config_runs_small_fp32_heads(config):
+    """FusedAttention (BERT's attention once fused) at head size 4, fp32, with an additive mask."""
+    from kiln.builder.device import detect
+    from kiln.ir import DType
+    from kiln.kinds import run_reference
+    from kiln.tactics.spec import LayerSpec, ValueSpec
+
+    q = ValueSpec(DType.FLOAT32, ("b", 2, "s", 4))
+    kt, mask = ValueSpec(DType.FLOAT32, ("b", 2, 4, "s")), ValueSpec(DType.FLOAT32, ("b", 1, 1, "s"))
+    attrs = {"scale": None, "scale_on": "scores"}
+    kernel = registry.get("sdpa_fused_attention").compile(LayerSpec("attn", "FusedAttention", attrs, (q, kt, q, mask),
+                                                                    (q,)), config, detect("cuda"))
+    for b, s in [(1, 1), (3, 7), (2, 64)]:
+        inputs = [torch.randn(*shape, device="cuda") for shape in ((b, 2, s, 4), (b, 2, 4, s), (b, 2, s, 4))]
+        inputs.append(torch.where(torch.rand(b, 1, 1, s, device="cuda") < 0.2, -1e4, 0.0))
+        torch.testing.assert_close(kernel(inputs)[0], run_reference("FusedAttention", inputs, attrs)[0],
+                                   rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
 def test_gpu_sdpa_small_heads_fp32_mask_runs_over_the_whole_profile(tmp_path):
     """Head size 4, fp32, an additive mask, dynamic batch and sequence: every shape of the profile runs (the
     tuned SDPA backend, or math where that backend refuses the shape) and matches the CPU reference."""

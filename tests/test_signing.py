@@ -3,7 +3,6 @@ are refused when a key is configured."""
 
 from __future__ import annotations
 
-import json
 import stat
 
 import numpy as np

@@ -85,10 +85,18 @@ class TimingCache:
                 db.close()
         except sqlite3.DatabaseError as e:
             raise self._damaged(e) from None
-        if app_id not in (APPLICATION_ID, 0) or objects != OBJECTS or cols != COLUMNS:
-            raise ConfigError(f"timing cache {self.path} is not a kiln timing cache (another program's sqlite "
-                              "database, or one changed since kiln made it); kiln left it untouched: pass a new path "
-                              "with --timing-cache")
+        extra = sorted(objects - OBJECTS)
+        if app_id not in (APPLICATION_ID, 0):
+            why = f"its application_id is {app_id:#x}, not kiln's"
+        elif extra:
+            why = f"it holds {extra[0][0]} {extra[0][1]!r}"
+        elif cols != COLUMNS:
+            why = f"table timings has columns {cols}" if cols else "it lacks kiln's timings table"
+        else:
+            return
+        raise ConfigError(f"timing cache {self.path} is not a kiln timing cache ({why}: another program's database, "
+                          "or one changed since kiln made it); kiln left it untouched: pass a new path with "
+                          "--timing-cache")
 
     def _damaged(self, e) -> ConfigError:
         return ConfigError(f"timing cache {self.path} is not a kiln timing cache ({e}); "

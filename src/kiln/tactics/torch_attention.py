@@ -39,17 +39,21 @@ def _supports(spec: LayerSpec, device) -> str | None:
     return float_io(LayerSpec(spec.name, spec.kind, {}, tuple(io[:3]), (io[3],)))
 
 
-def _configs(spec: LayerSpec, device, level: int):
+def sdpa_configs(spec: LayerSpec, device, level: int) -> list[dict]:
     """The backends that take the dtype (flash and cuDNN: fp16 and bf16 only); the first is the untimed choice."""
     half = spec.inputs[0].dtype.torch in (torch.float16, torch.bfloat16)
     return [{"backend": b} for b in _BACKENDS if half or b in ("efficient", "math")]
 
 
+def sdpa_backends(config: dict) -> list:
+    """The config's backend, then math: a backend's limits depend on shapes (cuDNN refuses sequence length 1,
+    efficient fp16 head size 4), so a shape of the profile's range the tuned backend cannot take runs math."""
+    return list(dict.fromkeys([_BACKENDS[config["backend"]], SDPBackend.MATH]))
+
+
 def _compile(spec: LayerSpec, config, device):
-    """SDPA with the config's backend, and the math kernel after it: a backend's limits depend on shapes (cuDNN
-    refuses sequence length 1, say), so a shape in the profile's range that the tuned one cannot take runs math."""
     a = spec.attrs
-    backends = list(dict.fromkeys([_BACKENDS[config["backend"]], SDPBackend.MATH]))
+    backends = sdpa_backends(config)
     causal, scale = bool(a.get("is_causal")), a.get("scale")
     gqa = spec.inputs[0].shape[1] != spec.inputs[1].shape[1]
 
@@ -72,4 +76,4 @@ def _supports_all(spec: LayerSpec, device) -> str | None:
     return reason
 
 
-register(Tactic("sdpa", ("Attention",), _compile, _supports_all, _configs, priority=10, fresh=True))
+register(Tactic("sdpa", ("Attention",), _compile, _supports_all, sdpa_configs, priority=10, fresh=True))

@@ -7,7 +7,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from kiln.ir import DType
 from kiln.kernels import quantize
@@ -16,6 +16,7 @@ from kiln.tactics.int8_lowering import fp8_device_reason
 from kiln.tactics.common import first, float_io, linear, rank, rowwise, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
+from kiln.tactics.torch_attention import sdpa_backends, sdpa_configs
 
 _ACT = {
     "none": lambda y, p: y, "Relu": lambda y, p: F.relu(y), "Sigmoid": lambda y, p: torch.sigmoid(y),
@@ -118,10 +119,6 @@ def _compile_gemm(spec: LayerSpec, config, device):
     return run
 
 
-_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
-
-
 def _supports_attention(spec: LayerSpec, device) -> str | None:
     q, kt, v = spec.inputs[:3]
     if rank(q) not in (3, 4) or rank(kt) != rank(q) or rank(v) != rank(q):
@@ -135,14 +132,14 @@ def _supports_attention(spec: LayerSpec, device) -> str | None:
 
 
 def _compile_attention(spec: LayerSpec, config, device):
-    backend = _BACKENDS[config["backend"]]
+    backends = sdpa_backends(config)
     d = spec.inputs[0].shape[-1]
     scale = spec.attrs["scale"] if spec.attrs["scale"] is not None else 1.0 / math.sqrt(d)
 
     def run(inputs):
         q, kt, v = inputs[:3]
         mask = inputs[3] if len(inputs) > 3 else None
-        with sdpa_kernel([backend]):
+        with sdpa_kernel(backends, set_priority=True):
             return [F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)]
 
     return run
@@ -181,5 +178,5 @@ register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_con
 register(Tactic("cublaslt_fused_gemm", ("FusedGemm",), _compile_gemm, _supports_gemm, priority=10,
                 writes_out=True))
 register(Tactic("sdpa_fused_attention", ("FusedAttention",), _compile_attention, _supports_attention,
-                lambda spec, device, level: [{"backend": b} for b in _BACKENDS], priority=10, fresh=True))
+                sdpa_configs, priority=10, fresh=True))
 register(Tactic("torch_add_layernorm", ("AddLayerNorm",), _compile_add_ln, _supports_add_ln, priority=10, fresh=True))
