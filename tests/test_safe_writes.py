@@ -242,3 +242,28 @@ def test_timing_cache_marks_its_files_and_keeps_older_kiln_caches(tmp_path):
     db.close()
     with pytest.raises(ConfigError, match="not a kiln timing cache"):
         TimingCache(tmp_path / "marked.db")
+
+
+# -- the other writers go through the same policy --------------------------------------------------------------
+def test_conformance_out_refuses_a_foreign_file_before_running_the_suite(tmp_path, monkeypatch):
+    import kiln.cli.conformance as cli_conformance
+
+    monkeypatch.setattr(cli_conformance, "run_suite", lambda *a, **k: pytest.fail("ran before checking --out"))
+    out = tmp_path / "README.md"
+    out.write_bytes(FOREIGN)
+    assert_one_error_line(invoke("conformance", "--device", "cpu", "--out", str(out)), str(out), "--force")
+    assert out.read_bytes() == FOREIGN
+
+
+def test_calibration_cache_never_writes_through_a_link(tmp_path):
+    from kiln.quant.calib_cache import CalibrationCache
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(FOREIGN)
+    (tmp_path / "c.json").symlink_to(victim)
+    with pytest.raises(SecurityError):
+        CalibrationCache("entropy", 99.99, "0" * 64, 4, {}).write(tmp_path / "c.json")
+    assert victim.read_bytes() == FOREIGN
+    CalibrationCache("entropy", 99.99, "0" * 64, 4, {}).write(tmp_path / "new.json")
+    CalibrationCache("minmax", 99.99, "0" * 64, 4, {}).write(tmp_path / "new.json")  # its own kind: replaced
+    assert json.loads((tmp_path / "new.json").read_text())["calibrator"] == "minmax"

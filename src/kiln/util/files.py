@@ -45,11 +45,15 @@ def json_kind(name: str, example: str, marker: str, key: str = "kiln") -> Kind:
     return Kind(name, example, lambda head: start.match(head) is not None)
 
 
-def _head(path: Path) -> bytes | None:
-    """The first bytes of the regular file `path`, or None if it is not one (never blocks on a pipe)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+def _head(path: Path, what: str, error: type[Exception]) -> bytes:
+    """The first bytes of the regular file `path` (b"" if it is not one by now; never blocks on a pipe)."""
     try:
-        return os.read(fd, HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as e:
+        raise error(f"cannot read {what} {path} ({e.strerror}) to tell whether kiln wrote it; name a new path, or "
+                    "pass --force (force=True) to replace it") from None
+    try:
+        return os.read(fd, HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     finally:
         os.close(fd)
 
@@ -58,19 +62,23 @@ def check(path: str | os.PathLike, kind: Kind, *, force: bool = False, what: str
           error: type[Exception] = ConfigError) -> Path:
     """`path` as a Path if the policy lets kiln write it, else the error saying why and what to do instead."""
     path = Path(path)
-    if path.is_symlink():
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    if st is None:
+        pass
+    elif stat.S_ISLNK(st.st_mode):
         raise SecurityError(f"{what} {path} is a symbolic link; kiln never writes through links: remove the link "
                             "or name another path")
-    if path.is_dir():
+    elif stat.S_ISDIR(st.st_mode):
         raise error(f"{what} {path} is a directory; name a file, e.g. {path / kind.example}")
-    if path.exists():
-        head = _head(path)
-        if head is None:
-            raise error(f"{what} {path} is not a regular file (a device, pipe or socket); kiln writes only regular "
-                        "files: name a new file")
-        if head and not force and not kind.ours(head):
-            raise error(f"{what} {path} already exists and is not a {kind.name} written by kiln; name a new path, "
-                        "or pass --force (force=True) to replace it")
+    elif not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {path} is not a regular file (a device, pipe or socket); kiln writes only regular "
+                    "files: name a new file")
+    elif st.st_size and not force and not kind.ours(_head(path, what, error)):
+        raise error(f"{what} {path} already exists and is not a {kind.name} written by kiln; name a new path, "
+                    "or pass --force (force=True) to replace it")
     folder = path.parent
     if not folder.is_dir():
         raise error(f"folder {folder} for {what} {path} does not exist; create it first")
