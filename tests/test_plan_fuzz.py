@@ -99,8 +99,8 @@ def _edited(tmp_path, edit) -> object:
     (lambda n, t, l, m: t["w"].update(shape=[4, 3, 9]), "declares constant 'w'"),
     (lambda n, t, l, m: t["g"].update(dtype="float16"), "computes 'g' as float32.*declares float16"),
     (lambda n, t, l, m: t["r"].update(shape=[1, 4, 8, 8]), "computes 'r' as float32\\[1, 4, 4, 4\\]"),
-    (lambda n, t, l, m: l["conv"]["attrs"].pop("strides"), "layer 'conv' \\(FusedConv\\) fails \\(KeyError"),
-    (lambda n, t, l, m: l["conv"]["attrs"].update(strides="2"), "layer 'conv' \\(FusedConv\\) fails"),
+    (lambda n, t, l, m: l["conv"]["attrs"].pop("strides"), "'conv' \\(FusedConv\\): required attribute 'strides'"),
+    (lambda n, t, l, m: l["conv"]["attrs"].update(strides="2"), "'conv' \\(FusedConv\\): attribute 'strides' is str"),
     (lambda n, t, l, m: l["fc"].update(extra=1), "keys"),
     (lambda n, t, l, m: (n["constants"].remove("fc"), n["tensors"].remove(t["fc"])), "reads 'fc' before"),
     (lambda n, t, l, m: (n["constants"].remove("b"), n["tensors"].remove(t["b"]), l["conv"]["inputs"].pop()),
@@ -111,6 +111,30 @@ def test_hand_edited_manifests_are_plan_errors_at_load_or_first_run(tmp_path, ed
     with pytest.raises(PlanError, match=why) as e:
         kiln.load(_edited(tmp_path, edit)).run(FEEDS)
     assert "rebuild" in str(e.value) or "register_op" in str(e.value)
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda l: l["sm"]["attrs"].update(colour=1), "layer 'sm' \\(Softmax\\): unknown attribute 'colour'"),
+    (lambda l: l["sm"]["attrs"].update(axis="-1"), "'sm' \\(Softmax\\): attribute 'axis' is str '-1', expected an int"),
+    (lambda l: l["sm"]["attrs"].update(axis=[-1]), "attribute 'axis' is list"),
+    (lambda l: l["conv"]["attrs"].update(strides=[1, 1.5]), "attribute 'strides' is list \\[1, 1.5\\]"),
+    (lambda l: l["conv"]["attrs"].update(activation=None), "attribute 'activation' is NoneType"),
+    (lambda l: l["conv"]["attrs"].pop("activation"), "'conv' \\(FusedConv\\): required attribute 'activation'"),
+    (lambda l: l["conv"]["attrs"].pop("kernel_shape"), "required attribute 'kernel_shape' is missing"),
+])
+def test_hand_edited_attributes_are_plan_errors_at_load(tmp_path, edit, why):
+    """Attributes are checked against their kind's declaration when the plan loads, not when it first runs."""
+    with pytest.raises(PlanError, match=why) as e:
+        kiln.load(_edited(tmp_path, lambda n, t, l, m: edit(l)))
+    assert "rebuild the plan" in str(e.value)
+
+
+def test_every_kind_declares_its_attributes():
+    from kiln.kinds import KINDS
+
+    ours = [k for k in KINDS.values() if k.reference.__module__.startswith("kiln.kinds.")]
+    assert len(ours) > 200
+    assert [k.name for k in ours if k.attrs is None] == []
 
 
 def test_plan_text_is_escaped_and_never_offered_as_a_command(tmp_path):

@@ -17,6 +17,7 @@ from kiln.engine.safe_json import printable
 from kiln.errors import InternalError, ModelError, PlanError
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.ir import DType, Layer, Network
+from kiln.kinds.registry import attr_problem
 
 _TENSOR_KEY = "$tensor"
 MAX_DEPTH = ModelLimits().max_graph_depth
@@ -189,6 +190,10 @@ def _network(m: dict, tensors: dict[str, torch.Tensor], prefix: str, depth: int,
         _check_layer(l)
         name = str(l["name"])
         attrs = {str(k): dec(name, k, v) for k, v in l["attrs"].items()}
+        problem = attr_problem(l["kind"], attrs)
+        if problem:
+            raise PlanError(f"plan layer {printable(name)} ({l['kind']}): {printable(problem, quote=False)}; "
+                            "rebuild the plan")
         net.layers.append(Layer(name, str(l["kind"]), [str(i) for i in l["inputs"]], [str(o) for o in l["outputs"]],
                                 attrs, DType(l["precision"]) if l["precision"] else None, [str(o) for o in l["origin"]]))
     return net

@@ -76,7 +76,8 @@ class Network:
 
     # -- checking -------------------------------------------------------------------------
     def verify(self) -> None:
-        """Raise InternalError unless every tensor is defined once, before use, with a type (bodies too)."""
+        """Raise InternalError unless every tensor is defined once, before use, with a type, and every layer has the
+        attributes its kind declares (bodies too)."""
         from kiln.kinds import registry
         from kiln.kinds.controlflow import verify_bodies
 
@@ -92,6 +93,9 @@ class Network:
             if layer.kind not in registry.KINDS:
                 raise InternalError(f"layer {layer.name!r} has unregistered kind {layer.kind!r}")
             verify_bodies(layer)
+            problem = registry.attr_problem(layer.kind, layer.attrs)
+            if problem:
+                raise InternalError(f"layer {layer.name!r} ({layer.kind}): {problem}")
             for i in layer.inputs:
                 if i and i not in defined:
                     raise InternalError(f"layer {layer.name!r} reads {i!r} before it is defined")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOAT, INTS, STR, kind
 
 
 def _float_ref(fn):
@@ -35,11 +35,28 @@ _ACTIVATIONS = {
     "Swish": lambda x, a: x * torch.sigmoid(a["alpha"] * x),
 }
 
+_ACTIVATION_ATTRS = {  # the attributes each kind of the loop below takes
+    "Relu": {"consumed_inputs": INTS},
+    "LeakyRelu": {"alpha": FLOAT.req, "consumed_inputs": INTS},
+    "Elu": {"alpha": FLOAT.req, "consumed_inputs": INTS},
+    "Selu": {"alpha": FLOAT.req, "consumed_inputs": INTS, "gamma": FLOAT},
+    "Celu": {"alpha": FLOAT.req},
+    "ThresholdedRelu": {"alpha": FLOAT.req},
+    "HardSigmoid": {"alpha": FLOAT.req, "beta": FLOAT.req, "consumed_inputs": INTS},
+    "HardSwish": {},
+    "Sigmoid": {"consumed_inputs": INTS},
+    "Tanh": {"consumed_inputs": INTS},
+    "Softplus": {},
+    "Softsign": {},
+    "Gelu": {"approximate": STR},
+    "Mish": {},
+    "Swish": {"alpha": FLOAT.req},
+}
 for _name, _fn in _ACTIVATIONS.items():
-    kind(_name)(_float_ref(_fn))
+    kind(_name, attrs=_ACTIVATION_ATTRS[_name])(_float_ref(_fn))
 
 
-@kind("PRelu")
+@kind("PRelu", attrs={"consumed_inputs": INTS})
 def prelu(inputs, attrs):
     """x if x >= 0 else slope * x; slope broadcasts to x (unsigned x is returned as is)."""
     x, slope = inputs
@@ -48,7 +65,7 @@ def prelu(inputs, attrs):
     return torch.where(x < 0, x * slope, x).to(x.dtype)
 
 
-@kind("Shrink")
+@kind("Shrink", attrs={"bias": FLOAT.req, "lambd": FLOAT.req})
 def shrink(inputs, attrs):
     """x + bias below -lambd, x - bias above lambd, else 0; integers computed in float64."""
     x = inputs[0]

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, FLOAT, INT, NONE, STR, kind
 
 _NEG_INF = float("-inf")
 
@@ -84,7 +84,10 @@ def _softmax(x: torch.Tensor) -> torch.Tensor:
     return e / torch.where(s == 0, torch.ones_like(s), s)
 
 
-@kind("Attention")
+@kind("Attention", attrs={"is_causal": INT.req, "kv_num_heads": (INT | NONE).req, "left_window_size": INT.req,
+                          "q_num_heads": (INT | NONE).req, "qk_matmul_output_mode": INT.req,
+                          "right_window_size": INT.req, "scale": (FLOAT | NONE).req, "softcap": FLOAT.req,
+                          "softmax_precision": (DTYPE | NONE).req})
 def attention(inputs, attrs):
     """ONNX Attention (opsets 23-25). Inputs: Q, K, V, attn_mask, past_key, past_value,
     nonpad_kv_seqlen. Outputs: Y, present_key, present_value, qk_matmul_output.
@@ -133,7 +136,7 @@ def attention(inputs, attrs):
     return y, present_k, present_v, qk_out
 
 
-@kind("RotaryEmbedding")
+@kind("RotaryEmbedding", attrs={"interleaved": INT.req, "num_heads": (INT | NONE).req, "rotary_embedding_dim": INT.req})
 def rotary_embedding(inputs, attrs):
     """ONNX RotaryEmbedding-23. Inputs: X (B, H, S, D) or (B, S, H*D), cos_cache, sin_cache,
     position_ids (optional; without it the caches are (B, S, rd/2)).
@@ -173,7 +176,8 @@ def _per_head(x: torch.Tensor | None, heads: int) -> torch.Tensor | None:
     return x.float().reshape(b, t, n // per_dim, per_dim).transpose(1, 2)
 
 
-@kind("LinearAttention")
+@kind("LinearAttention", attrs={"chunk_size": INT, "kv_num_heads": INT.req, "q_num_heads": INT.req, "scale": FLOAT.req,
+                                "update_rule": STR.req})
 def linear_attention(inputs, attrs):
     """ONNX LinearAttention-27, the sequential recurrence in float32. Inputs: query, key, value
     (B, T, H*d), past_state (B, H_kv, d_k, d_v), decay (log-space gate), beta (update rate).
@@ -202,14 +206,14 @@ def linear_attention(inputs, attrs):
     return out.to(q.dtype), state.to(past.dtype if past is not None else q.dtype)
 
 
-@kind("SwiGLU")
+@kind("SwiGLU", attrs={"alpha": FLOAT.req})
 def swiglu(inputs, attrs):
     """ONNX SwiGLU-28: Y = A * sigmoid(alpha * A) * B (no broadcasting). attrs: alpha."""
     a, b = inputs
     return a * torch.sigmoid(attrs["alpha"] * a) * b
 
 
-@kind("CausalConvWithState")
+@kind("CausalConvWithState", attrs={"activation": STR.req})
 def causal_conv_with_state(inputs, attrs):
     """ONNX CausalConvWithState-27: depthwise causal conv1d over [past_state | input].
 

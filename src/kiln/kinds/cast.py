@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kiln.ir.dtype import DType, to_numpy, to_torch
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, INT, STR, kind
 
 _FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Rounding thresholds between consecutive FP4 magnitudes; a tie goes to the even code.
@@ -110,14 +110,14 @@ def cast(x, src: DType, to: DType, saturate: bool = True, round_mode: str = "up"
     return x.to(to.torch)
 
 
-@kind("Cast")
+@kind("Cast", attrs={"round_mode": STR, "saturate": INT, "to": DTYPE.req})
 def cast_ref(inputs, attrs):
     x = inputs[0]
     to, saturate, round_mode = attrs["to"], attrs.get("saturate", True), attrs.get("round_mode", "up")
     return [cast(x, DType.from_torch(x.dtype), to, saturate, round_mode)]
 
 
-@kind("BitCast")
+@kind("BitCast", attrs={"to": DTYPE.req})
 def bit_cast(inputs, attrs):
     """Reinterpret the bits of each element as type `to` (same width; checked at import)."""
     return inputs[0].view(attrs["to"].torch)

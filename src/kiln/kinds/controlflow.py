@@ -13,7 +13,7 @@ import torch
 
 from kiln.errors import InternalError
 from kiln.ir import Layer, Network
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, INTS, NETWORK, kind
 
 BODIES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",), "SequenceMap": ("body",)}
 
@@ -67,14 +67,14 @@ def empty_stack(body: Network, output: int, device: torch.device) -> torch.Tenso
     return torch.empty((0, *shape), dtype=t.dtype.torch, device=device)
 
 
-@kind("If")
+@kind("If", attrs={"else_branch": NETWORK.req, "then_branch": NETWORK.req})
 def if_(inputs, attrs):
     cond, captured = inputs[0], inputs[1:]
     branch = attrs["then_branch"] if bool(cond.reshape(-1)[0]) else attrs["else_branch"]
     return run_body(branch, captured, cond.device)
 
 
-@kind("Loop")
+@kind("Loop", attrs={"body": NETWORK.req, "captures": INT.req})
 def loop(inputs, attrs):
     """ONNX Loop: run while iteration < M and cond; carried values feed back, scan outputs stack on a new axis 0."""
     body, captures = attrs["body"], attrs["captures"]
@@ -96,7 +96,9 @@ def loop(inputs, attrs):
                         for j in range(k))]
 
 
-@kind("Scan")
+@kind("Scan", attrs={"batched": INT.req, "body": NETWORK.req, "captures": INT.req, "directions": INTS,
+                     "num_scan_inputs": INT.req, "scan_input_axes": INTS.req, "scan_input_directions": INTS.req,
+                     "scan_output_axes": INTS.req, "scan_output_directions": INTS.req})
 def scan(inputs, attrs):
     """ONNX Scan (opset 9+ attributes); `batched` (opset 8) scans each index of axis 0 separately."""
     if not attrs["batched"]:

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, INTS, NONE, STR, kind
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -73,7 +73,8 @@ def conv_nd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, attrs: dic
     return _CONV[n](x, w, b, attrs["strides"], padding, attrs["dilations"], attrs["group"])
 
 
-@kind("Conv")
+@kind("Conv", attrs={"auto_pad": STR, "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req,
+                     "pads": INTS.req, "strides": INTS.req})
 def conv(inputs, attrs):
     """ONNX Conv: inputs (X, W, optional B)."""
     x, w, b = (inputs + [None] * 3)[:3]
@@ -98,7 +99,8 @@ def transpose_pads(in_spatial, attrs) -> list[int]:
     return begins + ends
 
 
-@kind("ConvTranspose")
+@kind("ConvTranspose", attrs={"auto_pad": STR, "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req,
+                              "output_padding": INTS.req, "output_shape": NONE, "pads": INTS.req, "strides": INTS.req})
 def conv_transpose(inputs, attrs):
     """ONNX ConvTranspose: inputs (X, W, optional B); extra attributes output_padding [n], output_shape [n]|None.
 
@@ -122,7 +124,8 @@ def _int_conv(x, w, x_zp, w_zp, attrs) -> torch.Tensor:
     return conv_nd(x, w, None, attrs)
 
 
-@kind("ConvInteger")
+@kind("ConvInteger", attrs={"auto_pad": STR, "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req,
+                            "pads": INTS.req, "strides": INTS.req})
 def conv_integer(inputs, attrs):
     """ONNX ConvInteger: inputs (X, W, optional x_zero_point, optional w_zero_point) → int32."""
     x, w, x_zp, w_zp = (inputs + [None] * 4)[:4]
@@ -137,7 +140,8 @@ def requantize(acc: torch.Tensor, multiplier: torch.Tensor, y_zp: torch.Tensor |
     return y.clamp(info.min, info.max).to(out_dtype)
 
 
-@kind("QLinearConv")
+@kind("QLinearConv", attrs={"auto_pad": STR, "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req,
+                            "pads": INTS.req, "strides": INTS.req})
 def qlinear_conv(inputs, attrs):
     """ONNX QLinearConv: inputs (x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, optional int32 B)."""
     x, xs, x_zp, w, ws, w_zp, ys, y_zp, b = (inputs + [None] * 9)[:9]
@@ -169,7 +173,8 @@ def _tap_positions(out_len: int, stride: int, pad: int, kernel: int, dilation: i
     return out[None, :] + (torch.arange(kernel, dtype=like.dtype, device=like.device) * dilation)[:, None]
 
 
-@kind("DeformConv")
+@kind("DeformConv", attrs={"auto_pad": STR, "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS,
+                           "offset_group": INT.req, "pads": INTS.req, "strides": INTS.req})
 def deform_conv(inputs, attrs):
     """ONNX DeformConv (2-D): inputs (X, W, offset, optional B, optional mask); extra attribute offset_group.
 

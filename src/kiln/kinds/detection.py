@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, kind
 
 
 def _corners(boxes: torch.Tensor, center_point_box: int) -> torch.Tensor:
@@ -28,7 +28,7 @@ def _overlaps(c: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     return valid & (inter / union.where(valid, torch.ones_like(union)) > iou_threshold)
 
 
-@kind("NonMaxSuppression")
+@kind("NonMaxSuppression", attrs={"center_point_box": INT.req})
 def non_max_suppression(inputs, attrs):
     """inputs: boxes [B, N, 4], scores [B, C, N], max_output_boxes_per_class?, iou_threshold?,
     score_threshold? → selected [K, 3] rows of (batch, class, box)."""

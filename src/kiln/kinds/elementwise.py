@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from kiln.errors import UnsupportedOpError
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOAT, INT, INTS, NONE, STR, kind
 
 _WIDENED = (torch.uint16, torch.uint32)
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
@@ -125,7 +125,7 @@ def _binary(op):
 
 
 for _name, _op in _BINARY.items():
-    kind(_name)(_binary(_op))
+    kind(_name, attrs={})(_binary(_op))
 
 
 _UNARY = {
@@ -149,16 +149,16 @@ def _unary(op):
 
 
 for _name, _op in _UNARY.items():
-    kind(_name)(_unary(_op))
+    kind(_name, attrs={"consumed_inputs": INTS})(_unary(_op))
 
 
-@kind("Identity")
+@kind("Identity", attrs={})
 def identity(inputs, attrs):
     """Any runtime value (tensor, string array, sequence list), returned as the single output."""
     return [inputs[0]]
 
 
-@kind("IsInf")
+@kind("IsInf", attrs={"detect_negative": INT, "detect_positive": INT})
 def is_inf(inputs, attrs):
     x = inputs[0]
     out = torch.zeros_like(x, dtype=torch.bool)
@@ -169,7 +169,7 @@ def is_inf(inputs, attrs):
     return out
 
 
-@kind("Pow")
+@kind("Pow", attrs={})
 def pow_(inputs, attrs):
     """x ** y in the type of x: integer bases with float exponents go through float64, as ORT does."""
     x, y = inputs
@@ -181,7 +181,7 @@ def pow_(inputs, attrs):
     return torch.pow(x, y.to(x.dtype))
 
 
-@kind("Mod")
+@kind("Mod", attrs={"fmod": INT})
 def mod(inputs, attrs):
     """fmod=1: sign of the dividend (C fmod); fmod=0: sign of the divisor (Python %)."""
     a, b = inputs
@@ -191,7 +191,7 @@ def mod(inputs, attrs):
     return _uncarry(op(_carry(a), _carry(b)), a.dtype)
 
 
-@kind("BitShift")
+@kind("BitShift", attrs={"direction": STR.req})
 def bit_shift(inputs, attrs):
     """Shifts of unsigned integers; bits shifted past the width are lost."""
     x, n = _carry(inputs[0]), _carry(inputs[1])
@@ -209,17 +209,17 @@ def _variadic(op):
     return ref
 
 
-kind("Max")(_variadic(_maximum))
-kind("Min")(_variadic(_minimum))
-kind("Sum")(_variadic(_BINARY["Add"]))
+kind("Max", attrs={"consumed_inputs": INTS})(_variadic(_maximum))
+kind("Min", attrs={"consumed_inputs": INTS})(_variadic(_minimum))
+kind("Sum", attrs={"consumed_inputs": INTS})(_variadic(_BINARY["Add"]))
 
 
-@kind("Mean")
+@kind("Mean", attrs={"consumed_inputs": INTS})
 def mean(inputs, attrs):
     return functools.reduce(torch.add, inputs) / len(inputs)
 
 
-@kind("Clip")
+@kind("Clip", attrs={"consumed_inputs": INTS, "max": FLOAT, "min": FLOAT})
 def clip(inputs, attrs):
     """min(max(x, lo), hi); bounds come from inputs 1 and 2 (opset >= 11) or attributes (older)."""
     x = inputs[0]
@@ -236,7 +236,7 @@ def clip(inputs, attrs):
     return x
 
 
-@kind("Where")
+@kind("Where", attrs={})
 def where(inputs, attrs):
     cond, x, y = inputs
     if isinstance(x, np.ndarray):
@@ -244,7 +244,7 @@ def where(inputs, attrs):
     return torch.where(cond, _bits(x), _bits(y)).view(x.dtype)
 
 
-@kind("Dropout")
+@kind("Dropout", attrs={"consumed_inputs": INTS, "is_test": INT, "ratio": FLOAT, "seed": INT | NONE})
 def dropout(inputs, attrs):
     """Identity (mask all true) unless training_mode is true with ratio > 0; then the mask is drawn from
     numpy's RandomState(seed), as ONNX's reference does. Without a seed that is random: rejected."""

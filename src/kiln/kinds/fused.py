@@ -16,7 +16,8 @@ import math
 
 import torch
 
-from kiln.kinds.registry import kind, run_reference
+from kiln.kinds.registry import (BOOL, DTYPE, FLOAT, INT, INTS, KINDS, NONE, STR, AttrSpec, attr_problem, kind,
+                                  list_of, run_reference)
 
 
 def _ref(kind_name: str, inputs: list, attrs: dict | None = None) -> torch.Tensor:
@@ -43,7 +44,9 @@ def activate(y: torch.Tensor, name: str, params: list) -> torch.Tensor:
     return _ref(name, [y])
 
 
-@kind("FusedConv")
+@kind("FusedConv", attrs={"activation": STR.req, "activation_params": list_of(FLOAT | NONE).req, "auto_pad": STR,
+                          "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req, "pads": INTS.req,
+                          "residual": BOOL, "strides": INTS.req})
 def fused_conv(inputs, attrs):
     """Conv(X, W, B) (+ R when `residual`) then `activation`. Inputs: X, W, optional B, optional R
     (same shape as the conv output). attrs: Conv's, plus residual, activation, activation_params."""
@@ -54,7 +57,7 @@ def fused_conv(inputs, attrs):
     return activate(y, attrs["activation"], attrs["activation_params"])
 
 
-@kind("FusedGemm")
+@kind("FusedGemm", attrs={"activation": STR.req, "activation_params": list_of(FLOAT | NONE).req, "trans_b": BOOL.req})
 def fused_gemm(inputs, attrs):
     """A @ W (+ bias) then `activation`. Inputs: A (N-D, [..., K]), W (2-D: [K, N], or [N, K] when
     `trans_b`), optional bias [N]. attrs: trans_b, activation, activation_params."""
@@ -65,7 +68,7 @@ def fused_gemm(inputs, attrs):
     return activate(y, attrs["activation"], attrs["activation_params"])
 
 
-@kind("FusedAttention")
+@kind("FusedAttention", attrs={"nan_to_zero": BOOL, "scale": (FLOAT | NONE).req, "scale_on": STR.req})
 def fused_attention(inputs, attrs):
     """Softmax(scale · Q @ Kᵀ + mask, last axis) @ V, as MatMul → scale → Add → Softmax → MatMul.
 
@@ -92,7 +95,8 @@ def fused_attention(inputs, attrs):
     return _ref("MatMul", [p, v])
 
 
-@kind("AddLayerNorm")
+@kind("AddLayerNorm", attrs={"axis": INT, "epsilon": FLOAT, "q_dtype": DTYPE, "q_scale": FLOAT | NONE,
+                             "stash_type": INT})
 def add_layer_norm(inputs, attrs):
     """S = A + B (same shapes), Y = LayerNormalization(S, scale, bias). Outputs: Y, S, and with attr q_scale
     (quant/fold_quantize.py) Y_q = QuantizeLinear(Y, q_scale) to q_dtype (int8 / fp8, per tensor, saturating).
@@ -106,7 +110,26 @@ def add_layer_norm(inputs, attrs):
     return y, s, _ref("QuantizeLinear", [y, torch.tensor(attrs["q_scale"], dtype=torch.float32)], q_attrs)
 
 
-@kind("PointwiseChain")
+def _program(value) -> bool:
+    """A PointwiseChain program: steps [kind, operand numbers, [name, value, ...]] of registered kinds, each step's
+    attributes ones its kind takes."""
+    return isinstance(value, (list, tuple)) and all(_step(s) for s in value)
+
+
+def _step(step) -> bool:
+    if not isinstance(step, (list, tuple)) or len(step) != 3:
+        return False
+    kind_name, refs, flat = step
+    return (isinstance(kind_name, str) and kind_name in KINDS and isinstance(refs, (list, tuple))
+            and all(r is None or isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in refs)
+            and isinstance(flat, (list, tuple)) and len(flat) % 2 == 0 and all(isinstance(n, str) for n in flat[::2])
+            and attr_problem(kind_name, dict(zip(flat[::2], flat[1::2]))) is None)
+
+
+PROGRAM = AttrSpec("a list of steps [kind, operand numbers, [name, value, ...]]", _program)
+
+
+@kind("PointwiseChain", attrs={"program": PROGRAM.req})
 def pointwise_chain(inputs, attrs):
     """A tree of elementwise layers run as one. attrs: program, a list of steps [kind, refs, flat_attrs].
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, STR, kind
 from kiln.kinds.shape import axis_of, ints
 
 _REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
@@ -21,7 +21,7 @@ def wrap(index: torch.Tensor, size) -> torch.Tensor:
     return torch.where(index < 0, index + size, index)
 
 
-@kind("Gather")
+@kind("Gather", attrs={"axis": INT})
 def gather(inputs, attrs):
     x, idx = inputs
     axis = axis_of(attrs.get("axis", 0), x.dim())
@@ -29,7 +29,7 @@ def gather(inputs, attrs):
     return out.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
 
 
-@kind("GatherElements")
+@kind("GatherElements", attrs={"axis": INT})
 def gather_elements(inputs, attrs):
     x, idx = inputs
     axis = axis_of(attrs.get("axis", 0), x.dim())
@@ -47,7 +47,7 @@ def _nd_rows(x: torch.Tensor, idx: torch.Tensor, batch_dims: int) -> tuple[torch
     return x.reshape(batch, math.prod(lead), *x.shape[batch_dims + k:]), rows
 
 
-@kind("GatherND")
+@kind("GatherND", attrs={"batch_dims": INT})
 def gather_nd(inputs, attrs):
     x, idx = inputs
     b = attrs.get("batch_dims", 0)
@@ -63,14 +63,14 @@ def _scatter(out: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
     return out.scatter_reduce_(dim, index, src, _REDUCE[reduction])
 
 
-@kind("ScatterElements")
+@kind("ScatterElements", attrs={"axis": INT, "reduction": STR})
 def scatter_elements(inputs, attrs):
     x, idx, updates = inputs
     axis = axis_of(attrs.get("axis", 0), x.dim())
     return _scatter(x.clone(), axis, wrap(idx, x.shape[axis]), updates, attrs.get("reduction", "none"))
 
 
-@kind("ScatterND")
+@kind("ScatterND", attrs={"reduction": STR})
 def scatter_nd(inputs, attrs):
     x, idx, updates = inputs
     table, rows = _nd_rows(x.clone(), idx, 0)
@@ -80,7 +80,7 @@ def scatter_nd(inputs, attrs):
     return _scatter(table, 0, index, src, attrs.get("reduction", "none")).reshape(x.shape)
 
 
-@kind("OneHot")
+@kind("OneHot", attrs={"axis": INT})
 def one_hot(inputs, attrs):
     """values[1] where the (wrapped) index equals the position on the new axis, values[0] elsewhere."""
     idx, depth, values = inputs
@@ -94,7 +94,7 @@ def one_hot(inputs, attrs):
     return torch.where(hot, values[1], values[0])
 
 
-@kind("Compress")
+@kind("Compress", attrs={"axis": INT})
 def compress(inputs, attrs):
     x, cond = inputs
     axis = attrs.get("axis")
@@ -105,13 +105,13 @@ def compress(inputs, attrs):
     return x.index_select(axis, keep)
 
 
-@kind("NonZero")
+@kind("NonZero", attrs={})
 def non_zero(inputs, attrs):
     x = inputs[0]
     return torch.nonzero(x.reshape(1) if x.dim() == 0 else x).T.contiguous()
 
 
-@kind("TopK")
+@kind("TopK", attrs={"axis": INT, "k": INT, "largest": INT, "sorted": INT})
 def top_k(inputs, attrs):
     """The k largest (or smallest) along axis; equal values keep their input order, as ONNX requires."""
     x, k = inputs[0], ints(inputs[1])[0]
@@ -122,7 +122,7 @@ def top_k(inputs, attrs):
     return values.narrow(axis, 0, k), order.narrow(axis, 0, k)
 
 
-@kind("Unique")
+@kind("Unique", attrs={"axis": INT, "sorted": INT})
 def unique(inputs, attrs):
     """Unique values (or slices along axis), their first indices, the inverse map and the counts."""
     x, axis = inputs[0], attrs.get("axis")
@@ -152,17 +152,17 @@ def _scan(op, inputs, attrs, identity: int):
     return out.flip(axis) if attrs.get("reverse", 0) else out
 
 
-@kind("CumSum")
+@kind("CumSum", attrs={"exclusive": INT, "reverse": INT})
 def cum_sum(inputs, attrs):
     return _scan(torch.cumsum, inputs, attrs, 0)
 
 
-@kind("CumProd")
+@kind("CumProd", attrs={"exclusive": INT, "reverse": INT})
 def cum_prod(inputs, attrs):
     return _scan(torch.cumprod, inputs, attrs, 1)
 
 
-@kind("ReverseSequence")
+@kind("ReverseSequence", attrs={"batch_axis": INT, "time_axis": INT})
 def reverse_sequence(inputs, attrs):
     """Reverse the first sequence_lens[b] steps along the time axis of each batch entry b."""
     x, lens = inputs
@@ -173,7 +173,7 @@ def reverse_sequence(inputs, attrs):
     return torch.gather(x, t_axis, torch.where(t < n, n - 1 - t, t).expand(x.shape))
 
 
-@kind("TensorScatter")
+@kind("TensorScatter", attrs={"axis": INT, "mode": STR})
 def tensor_scatter(inputs, attrs):
     """Write `update` into a copy of the cache along axis from each batch entry's write index."""
     cache, update = inputs[0], inputs[1]

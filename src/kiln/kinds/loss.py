@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, NONE, STR, kind
 from kiln.kinds.normalization import compute_dtype
 
 
@@ -30,13 +30,13 @@ def nll(log_prob: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | Non
     return loss
 
 
-@kind("NegativeLogLikelihoodLoss")
+@kind("NegativeLogLikelihoodLoss", attrs={"ignore_index": INT | NONE, "reduction": STR})
 def negative_log_likelihood_loss(inputs, attrs):
     x, target, weight = (list(inputs) + [None])[:3]
     return nll(x.to(compute_dtype(x)), target, weight, attrs).to(x.dtype)
 
 
-@kind("SoftmaxCrossEntropyLoss")
+@kind("SoftmaxCrossEntropyLoss", attrs={"ignore_index": INT | NONE, "reduction": STR})
 def softmax_cross_entropy_loss(inputs, attrs):
     """Returns the loss and the log-probabilities (log_softmax over the class dim 1)."""
     scores, labels, weights = (list(inputs) + [None])[:3]

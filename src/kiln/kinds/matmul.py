@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kiln.kinds.conv import compute_dtype, requantize
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOAT, INT, kind
 
 _UNSIGNED_WIDE = {torch.uint32: torch.int64, torch.uint64: torch.int64}
 
@@ -29,12 +29,12 @@ def wide_compute(fn, *tensors: torch.Tensor) -> torch.Tensor:
     return fn(*(t.to(wide) for t in tensors)).to(dtype)
 
 
-@kind("MatMul")
+@kind("MatMul", attrs={})
 def matmul(inputs, attrs):
     return wide_compute(torch.matmul, inputs[0], inputs[1])
 
 
-@kind("Gemm")
+@kind("Gemm", attrs={"alpha": FLOAT.req, "beta": FLOAT.req, "broadcast": INT, "transA": INT.req, "transB": INT.req})
 def gemm(inputs, attrs):
     """Y = alpha · A' · B' + beta · C, C broadcast to (M, N)."""
     a, b, c = (inputs + [None] * 3)[:3]
@@ -61,13 +61,13 @@ def _int_matmul(a, b, a_zp, b_zp) -> torch.Tensor:
     return torch.matmul(_zero_shift(a, a_zp, -2), _zero_shift(b, b_zp, -1))
 
 
-@kind("MatMulInteger")
+@kind("MatMulInteger", attrs={})
 def matmul_integer(inputs, attrs):
     a, b, a_zp, b_zp = (inputs + [None] * 4)[:4]
     return _int_matmul(a, b, a_zp, b_zp).to(torch.int32)
 
 
-@kind("QLinearMatMul")
+@kind("QLinearMatMul", attrs={})
 def qlinear_matmul(inputs, attrs):
     """round_half_even((a - a_zp) @ (b - b_zp) · a_scale·b_scale/y_scale) + y_zp, saturated.
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from kiln.ir import DType
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, FLOAT, INT, INTS, STR, TENSOR, kind, list_of
 
 _NAN = object()  # the one dictionary key of every NaN, so that NaN keys match NaN inputs
 
@@ -19,7 +19,8 @@ def _key(v):
     return _NAN if isinstance(v, float) and math.isnan(v) else v
 
 
-@kind("LabelEncoder")
+@kind("LabelEncoder", attrs={"default": (FLOAT | STR).req, "dtype": DTYPE.req, "keys": list_of(FLOAT | STR).req,
+                             "values": list_of(FLOAT | STR).req})
 def label_encoder(inputs, attrs):
     """Map each element through keys → values; unknown elements become `default`."""
     x = inputs[0]
@@ -30,7 +31,7 @@ def label_encoder(inputs, attrs):
     return torch.tensor(out, dtype=attrs["dtype"].torch, device=getattr(x, "device", None)).reshape(x.shape)
 
 
-@kind("ArrayFeatureExtractor")
+@kind("ArrayFeatureExtractor", attrs={})
 def array_feature_extractor(inputs, attrs):
     """X[..., indices] (indices flattened); a 1-D X gives one row [1, k], as ONNX Runtime does."""
     x, indices = inputs
@@ -42,7 +43,7 @@ def array_feature_extractor(inputs, attrs):
     return [out.reshape(1, -1) if x.ndim == 1 else out]
 
 
-@kind("Binarizer")
+@kind("Binarizer", attrs={"threshold": FLOAT.req})
 def binarizer(inputs, attrs):
     x = inputs[0]
     return (x > attrs["threshold"]).to(x.dtype)
@@ -115,7 +116,12 @@ def _post_transform(y: torch.Tensor, how: int) -> torch.Tensor:
     return y
 
 
-@kind("TreeEnsemble")
+@kind("TreeEnsemble", attrs={"aggregate_function": INT.req, "leaf_targetids": INTS.req, "leaf_weights": TENSOR.req,
+                             "membership_values": TENSOR, "n_targets": INT.req, "nodes_falseleafs": INTS,
+                             "nodes_falsenodeids": INTS, "nodes_featureids": INTS, "nodes_hitrates": TENSOR,
+                             "nodes_missing_value_tracks_true": INTS, "nodes_modes": TENSOR, "nodes_splits": TENSOR,
+                             "nodes_trueleafs": INTS, "nodes_truenodeids": INTS, "post_transform": INT.req,
+                             "tree_roots": INTS})
 def tree_ensemble(inputs, attrs):
     """X [N, F] → [N, n_targets]: each tree adds its leaf's weight to the leaf's target, aggregated."""
     x = inputs[0]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.ir.dtype import DType
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import BOOL, FLOAT, INT, INTS, kind
 
 
 def compute_dtype(*tensors: torch.Tensor | None, stash_type: int = 1) -> torch.dtype:
@@ -34,7 +34,8 @@ def _per_channel(t: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.
     return t.to(dtype).reshape(-1, *[1] * (x.dim() - 2))
 
 
-@kind("BatchNormalization")
+@kind("BatchNormalization", attrs={"consumed_inputs": INTS, "epsilon": FLOAT, "is_test": INT, "momentum": FLOAT,
+                                   "spatial": INT, "training_mode": INT})
 def batch_normalization(inputs, attrs):
     """Inference uses the given statistics; training_mode uses the batch's and also returns the
     running mean and variance updated with `momentum`."""
@@ -55,7 +56,7 @@ def batch_normalization(inputs, attrs):
     return y.to(x.dtype), running_mean.to(mean.dtype), running_var.to(var.dtype)
 
 
-@kind("LayerNormalization")
+@kind("LayerNormalization", attrs={"axis": INT, "epsilon": FLOAT, "stash_type": INT})
 def layer_normalization(inputs, attrs):
     """Standardize over dims `axis`.. in the stash type, then scale and shift; returns Y, Mean, InvStdDev."""
     x, scale, bias = (list(inputs) + [None])[:3]
@@ -71,7 +72,7 @@ def layer_normalization(inputs, attrs):
     return y.to(x.dtype), mean.to(out_dtype), inv_std.to(out_dtype)
 
 
-@kind("RMSNormalization")
+@kind("RMSNormalization", attrs={"axis": INT, "epsilon": FLOAT, "stash_type": INT})
 def rms_normalization(inputs, attrs):
     """x / sqrt(mean(x²) + ε) over dims `axis`.., times scale; the result has scale's dtype."""
     x, scale = inputs
@@ -81,7 +82,7 @@ def rms_normalization(inputs, attrs):
     return (y * scale.to(y.dtype)).to(scale.dtype)
 
 
-@kind("GroupNormalization")
+@kind("GroupNormalization", attrs={"epsilon": FLOAT, "group_affine": BOOL, "num_groups": INT.req, "stash_type": INT})
 def group_normalization(inputs, attrs):
     """Standardize each group of channels per instance; scale/bias are per channel, or per group
     when `group_affine` (ONNX opset 18)."""
@@ -97,7 +98,7 @@ def group_normalization(inputs, attrs):
     return (norm * _per_channel(scale, x, ct) + _per_channel(bias, x, ct)).to(x.dtype)
 
 
-@kind("InstanceNormalization")
+@kind("InstanceNormalization", attrs={"consumed_inputs": INTS, "epsilon": FLOAT})
 def instance_normalization(inputs, attrs):
     """Standardize each channel of each instance over its spatial dims, then scale and shift per channel."""
     x, scale, bias = inputs
@@ -108,7 +109,7 @@ def instance_normalization(inputs, attrs):
     return (y * _per_channel(scale, x, ct) + _per_channel(bias, x, ct)).to(x.dtype)
 
 
-@kind("LRN")
+@kind("LRN", attrs={"alpha": FLOAT, "beta": FLOAT, "bias": FLOAT, "size": INT.req})
 def lrn(inputs, attrs):
     """x / (bias + alpha/size · Σ x²)^beta, the sum over channels c-⌊(size-1)/2⌋ .. c+⌈(size-1)/2⌉."""
     x = inputs[0]
@@ -121,7 +122,7 @@ def lrn(inputs, attrs):
     return y.to(x.dtype)
 
 
-@kind("LpNormalization")
+@kind("LpNormalization", attrs={"axis": INT, "p": INT})
 def lp_normalization(inputs, attrs):
     """x divided by its L1 or L2 norm along `axis`; 0 where that norm is 0."""
     x = inputs[0]
@@ -132,7 +133,7 @@ def lp_normalization(inputs, attrs):
     return torch.where(norm == 0, 0, xc / norm).to(x.dtype)
 
 
-@kind("MeanVarianceNormalization")
+@kind("MeanVarianceNormalization", attrs={"axes": INTS})
 def mean_variance_normalization(inputs, attrs):
     """(x - E[x]) / (sqrt(Var[x]) + 1e-9) over `axes`, the 1e-9 as in ONNX's function body."""
     x = inputs[0]

@@ -14,7 +14,7 @@ import math
 import torch
 
 from kiln.kinds.conv import compute_dtype, pad_spatial, resolve_pads
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOAT, INT, INTS, STR, kind
 
 
 def _out_size(size: int, k: int, s: int, d: int, begin: int, end: int, ceil: bool) -> int:
@@ -48,7 +48,8 @@ def _lowest(dtype: torch.dtype) -> float:
     return float("-inf") if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
-@kind("MaxPool")
+@kind("MaxPool", attrs={"auto_pad": STR, "ceil_mode": INT, "dilations": INTS.req, "kernel_shape": INTS.req,
+                        "pads": INTS.req, "storage_order": INT, "strides": INTS.req})
 def max_pool(inputs, attrs):
     """ONNX MaxPool; returns (Y, Indices) where Indices are int64 flat positions in X (per storage_order). fp8
     pools in fp32 (e4m3 has no -inf to pad with; the maximum is exact)."""
@@ -77,7 +78,8 @@ def max_pool(inputs, attrs):
     return values, index
 
 
-@kind("AveragePool")
+@kind("AveragePool", attrs={"auto_pad": STR, "ceil_mode": INT, "count_include_pad": INT, "dilations": INTS.req,
+                            "kernel_shape": INTS.req, "pads": INTS.req, "strides": INTS.req})
 def average_pool(inputs, attrs):
     """ONNX AveragePool; the divisor counts input elements, plus declared padding if count_include_pad."""
     x = inputs[0]
@@ -92,7 +94,8 @@ def average_pool(inputs, attrs):
     return (sums / counts).to(x.dtype)
 
 
-@kind("LpPool")
+@kind("LpPool", attrs={"auto_pad": STR, "ceil_mode": INT, "dilations": INTS.req, "kernel_shape": INTS.req, "p": INT.req,
+                       "pads": INTS.req, "strides": INTS.req})
 def lp_pool(inputs, attrs):
     """ONNX LpPool: (Σ |x|^p)^(1/p) over each window, padding reading as zero."""
     x = inputs[0]
@@ -102,21 +105,21 @@ def lp_pool(inputs, attrs):
     return (win.flatten(-n).sum(-1) ** (1 / p)).to(x.dtype)
 
 
-@kind("GlobalAveragePool")
+@kind("GlobalAveragePool", attrs={})
 def global_average_pool(inputs, attrs):
     """Mean over all spatial dims, kept as size-1 dims."""
     x = inputs[0]
     return x.to(compute_dtype(x.dtype)).mean(dim=tuple(range(2, x.dim())), keepdim=True).to(x.dtype)
 
 
-@kind("GlobalMaxPool")
+@kind("GlobalMaxPool", attrs={})
 def global_max_pool(inputs, attrs):
     """Max over all spatial dims, kept as size-1 dims."""
     x = inputs[0]
     return x.amax(dim=tuple(range(2, x.dim())), keepdim=True)
 
 
-@kind("GlobalLpPool")
+@kind("GlobalLpPool", attrs={"p": INT.req})
 def global_lp_pool(inputs, attrs):
     """(Σ |x|^p)^(1/p) over all spatial dims, kept as size-1 dims."""
     x = inputs[0]
@@ -125,7 +128,7 @@ def global_lp_pool(inputs, attrs):
     return ((x.to(dt).abs() ** p).sum(dim=dims, keepdim=True) ** (1 / p)).to(x.dtype)
 
 
-@kind("MaxUnpool")
+@kind("MaxUnpool", attrs={"kernel_shape": INTS.req, "pads": INTS.req, "strides": INTS.req})
 def max_unpool(inputs, attrs):
     """ONNX MaxUnpool: inputs (X, I, optional output_shape); attrs kernel_shape, strides, pads.
 
@@ -158,7 +161,8 @@ def _roi_samples(start: float, size: float, bins: int, grid: int, limit: int, dt
     return low.long(), high.long(), coords - low, valid
 
 
-@kind("RoiAlign")
+@kind("RoiAlign", attrs={"coordinate_transformation_mode": STR.req, "mode": STR.req, "output_height": INT.req,
+                         "output_width": INT.req, "sampling_ratio": INT.req, "spatial_scale": FLOAT.req})
 def roi_align(inputs, attrs):
     """ONNX RoiAlign: inputs (X, rois [R, 4] as x1,y1,x2,y2, batch_indices [R]); attrs mode ("avg"|"max"),
     output_height, output_width, sampling_ratio, spatial_scale, coordinate_transformation_mode."""

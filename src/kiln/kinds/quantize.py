@@ -17,7 +17,7 @@ import torch
 
 from kiln.ir.dtype import DType
 from kiln.kinds.cast import cast
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, INT, NONE, kind
 
 
 def _to_float(t: torch.Tensor) -> torch.Tensor:
@@ -43,7 +43,8 @@ def _division_dtype(x: torch.Tensor, scale: torch.Tensor, precision: DType | Non
     return torch.promote_types(x.dtype, scale.dtype) if x.dtype.is_floating_point else scale.dtype
 
 
-@kind("QuantizeLinear")
+@kind("QuantizeLinear", attrs={"axis": INT, "block_size": INT, "output_dtype": DTYPE.req, "precision": DTYPE | NONE,
+                               "saturate": INT})
 def quantize_linear(inputs, attrs):
     x, scale, zp = (inputs + [None] * 3)[:3]
     out = attrs["output_dtype"]
@@ -58,7 +59,7 @@ def quantize_linear(inputs, attrs):
     return cast((q.double() + shift).float(), DType.FLOAT32, out, bool(attrs.get("saturate", True)))
 
 
-@kind("DequantizeLinear")
+@kind("DequantizeLinear", attrs={"axis": INT, "block_size": INT, "output_dtype": DTYPE.req})
 def dequantize_linear(inputs, attrs):
     x, scale, zp = (inputs + [None] * 3)[:3]
     axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
@@ -69,7 +70,7 @@ def dequantize_linear(inputs, attrs):
     return y.to(attrs["output_dtype"].torch)
 
 
-@kind("DynamicQuantizeLinear")
+@kind("DynamicQuantizeLinear", attrs={})
 def dynamic_quantize_linear(inputs, attrs):
     """uint8 affine quantization with the range [min(x, 0), max(x, 0)] mapped onto [0, 255]; an empty
     range gets scale 1 (ONNX Runtime's `max == min ? 1.0f : (max - min) / 255`)."""

@@ -29,7 +29,7 @@ import torch
 from kiln.kinds import qtype as qtypes
 from kiln.kinds.conv import conv_nd
 from kiln.kinds.fused import activate
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, FLOAT, INT, INTS, NONE, STR, kind, list_of
 
 QMAX = 127
 # the quantized layer kinds (weights of the quantized type)
@@ -89,7 +89,10 @@ def float_out(attrs) -> torch.dtype:
     return torch.float32 if dt is None else dt.torch
 
 
-@kind("QuantConv")
+@kind("QuantConv", attrs={"activation": STR.req, "activation_params": list_of(FLOAT | NONE).req, "auto_pad": STR,
+                          "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req, "out_dtype": DTYPE,
+                          "out_scale": FLOAT | NONE, "pads": INTS.req, "qtype": STR, "res_scale": FLOAT | NONE,
+                          "strides": INTS.req, "x_scale": FLOAT.req})
 def quant_conv(inputs, attrs):
     """Inputs: X_q [N, C, ...], W_q [M, C/group, ...] (int8, or fp8 e4m3 with qtype fp8e4m3), w_scale fp32 [M],
     optional bias fp32 [M], optional residual (the output's shape: float, or of the quantized type when
@@ -100,7 +103,10 @@ def quant_conv(inputs, attrs):
     return epilogue(acc, w_scale, b, r, 1, attrs)
 
 
-@kind("QuantConvPair")
+@kind("QuantConvPair", attrs={"activation": STR.req, "activation_params": list_of(FLOAT | NONE).req, "auto_pad": STR,
+                              "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req, "out_dtype": DTYPE,
+                              "out_scale": FLOAT | NONE, "pads": INTS.req, "qtype": STR, "strides": INTS.req,
+                              "strides2": INTS.req, "x2_scale": FLOAT.req, "x_scale": FLOAT.req})
 def quant_conv_pair(inputs, attrs):
     """Two quantized convs of one output shape summed under one epilogue (a bottleneck's last conv and its
     downsample, quant/fuse_conv_pair.py): inputs X_q, W_q, w_scale, bias as QuantConv's, then X2_q, W2_q, w2_scale,
@@ -113,7 +119,13 @@ def quant_conv_pair(inputs, attrs):
     return finish(y + scaled(acc2, w2_scale, b2, attrs["x2_scale"], 1, qtype), attrs)
 
 
-@kind("QuantConvChain")
+@kind("QuantConvChain", attrs={"activation": STR.req, "activation2": STR.req,
+                               "activation2_params": list_of(FLOAT | NONE).req,
+                               "activation_params": list_of(FLOAT | NONE).req, "auto_pad": STR, "dilations": INTS.req,
+                               "group": INT.req, "kernel_shape": INTS.req, "out2_scale": FLOAT | NONE,
+                               "out_dtype": DTYPE, "out_scale": FLOAT | NONE, "pads": INTS.req, "qtype": STR,
+                               "res_scale": FLOAT | NONE, "strides": INTS.req, "strides2": INTS, "x2_scale": FLOAT,
+                               "x_scale": FLOAT.req})
 def quant_conv_chain(inputs, attrs):
     """A quantized conv and the 1x1 quantized conv that reads its output, as one layer with both outputs (a
     bottleneck's last conv and the next block's first, quant/fuse_conv_chain.py): inputs X_q, W_q, w_scale, bias,
@@ -135,7 +147,8 @@ def second_attrs(attrs) -> dict:
            "activation": attrs["activation2"], "activation_params": attrs["activation2_params"]}
 
 
-@kind("QuantGemm")
+@kind("QuantGemm", attrs={"activation": STR.req, "activation_params": list_of(FLOAT | NONE).req, "out_dtype": DTYPE,
+                          "out_scale": FLOAT | NONE, "qtype": STR, "x_scale": FLOAT.req})
 def quant_gemm(inputs, attrs):
     """Inputs: X_q [..., K], W_q [N, K] (int8, or fp8 e4m3 with qtype fp8e4m3), w_scale fp32 [N], optional bias
     fp32 [N]. attrs: qtype, x_scale, out_scale (None: float out of type out_dtype, fp32 when absent), activation,

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, INTS, NONE, kind
 
 _HALF = (torch.float16, torch.bfloat16)
 _WIDE_UINT = (torch.uint16, torch.uint32, torch.uint64)  # torch's CPU max/min/argmax lack kernels for these
@@ -98,7 +98,7 @@ def _reduction(name: str):
 
 
 for _name in _REDUCTIONS:
-    kind(_name)(_reduction(_name))
+    kind(_name, attrs={"axes": INTS | NONE, "keepdims": INT, "noop_with_empty_axes": INT})(_reduction(_name))
 
 
 def _orderable(x: torch.Tensor) -> torch.Tensor:
@@ -141,8 +141,8 @@ def _identity(dtype: torch.dtype, largest: bool):
     return info.min if largest else info.max
 
 
-kind("ReduceMax")(_extreme(True))
-kind("ReduceMin")(_extreme(False))
+kind("ReduceMax", attrs={"axes": INTS | NONE, "keepdims": INT, "noop_with_empty_axes": INT})(_extreme(True))
+kind("ReduceMin", attrs={"axes": INTS | NONE, "keepdims": INT, "noop_with_empty_axes": INT})(_extreme(False))
 
 
 def _arg(largest: bool):
@@ -161,5 +161,5 @@ def _arg(largest: bool):
     return ref
 
 
-kind("ArgMax")(_arg(True))
-kind("ArgMin")(_arg(False))
+kind("ArgMax", attrs={"axis": INT, "keepdims": INT, "select_last_index": INT})(_arg(True))
+kind("ArgMin", attrs={"axis": INT, "keepdims": INT, "select_last_index": INT})(_arg(False))

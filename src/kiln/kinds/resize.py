@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOAT, INT, INTS, STR, kind
 from kiln.kinds.shape import axis_of, ints
 
 
@@ -119,7 +119,9 @@ def _plan(shape, attrs, roi, scales, sizes):
     return list(zip(axes, sizes, scales, pairs))
 
 
-@kind("Resize")
+@kind("Resize", attrs={"antialias": INT.req, "axes": INTS, "coordinate_transformation_mode": STR.req,
+                       "cubic_coeff_a": FLOAT.req, "exclude_outside": INT.req, "extrapolation_value": FLOAT.req,
+                       "keep_aspect_ratio_policy": STR.req, "mode": STR.req, "nearest_mode": STR.req})
 def resize(inputs, attrs):
     x = inputs[0]
     roi, scales, sizes = (_values(inputs[i] if len(inputs) > i else None) for i in (1, 2, 3))
@@ -141,7 +143,7 @@ def resize(inputs, attrs):
 _GRID_MODES = {"linear": "bilinear", "nearest": "nearest", "cubic": "bicubic"}
 
 
-@kind("GridSample")
+@kind("GridSample", attrs={"align_corners": INT.req, "mode": STR.req, "padding_mode": STR.req})
 def grid_sample(inputs, attrs):
     """2-D and 3-D sampling at normalized grid locations (torch's grid_sample has ONNX's semantics)."""
     x, grid = inputs
@@ -151,13 +153,13 @@ def grid_sample(inputs, attrs):
     return out.to(x.dtype)
 
 
-@kind("AffineGrid")
+@kind("AffineGrid", attrs={"align_corners": INT})
 def affine_grid(inputs, attrs):
     theta, size = inputs[0], ints(inputs[1])
     return F.affine_grid(theta, size, align_corners=bool(attrs.get("align_corners", 0)))
 
 
-@kind("Col2Im")
+@kind("Col2Im", attrs={"dilations": INTS, "pads": INTS, "strides": INTS})
 def col2im(inputs, attrs):
     """Sum column blocks back into an N-D image: one strided add per kernel offset."""
     cols, image, block = inputs[0], ints(inputs[1]), ints(inputs[2])

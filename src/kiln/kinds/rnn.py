@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOAT, FLOATS, INT, NONE, STR, STRS, kind
 
 ACTIVATIONS = {
     "relu": lambda x, a, b: torch.relu(x),
@@ -134,21 +134,27 @@ def _run(op: str, inputs, attrs):
     return [y, *states]
 
 
-@kind("LSTM")
+@kind("LSTM", attrs={"activation_alpha": FLOATS.req, "activation_beta": FLOATS.req, "activations": STRS.req,
+                     "clip": (FLOAT | NONE).req, "direction": STR.req, "hidden_size": INT, "input_forget": INT,
+                     "layout": INT.req, "output_sequence": INT})
 def lstm(inputs, attrs):
     """ONNX LSTM. Inputs: X, W, R, B, sequence_lens, initial_h, initial_c, P (peepholes i, o, f).
     Extra attr: input_forget (couples the gates: f = 1 - i). Outputs: Y, Y_h, Y_c."""
     return _run("LSTM", inputs, attrs)
 
 
-@kind("GRU")
+@kind("GRU", attrs={"activation_alpha": FLOATS.req, "activation_beta": FLOATS.req, "activations": STRS.req,
+                    "clip": (FLOAT | NONE).req, "direction": STR.req, "hidden_size": INT, "layout": INT.req,
+                    "linear_before_reset": INT, "output_sequence": INT})
 def gru(inputs, attrs):
     """ONNX GRU. Inputs: X, W, R, B, sequence_lens, initial_h. Extra attr: linear_before_reset
     (apply the reset gate after the recurrent matmul). Outputs: Y, Y_h."""
     return _run("GRU", inputs, attrs)
 
 
-@kind("RNN")
+@kind("RNN", attrs={"activation_alpha": FLOATS.req, "activation_beta": FLOATS.req, "activations": STRS.req,
+                    "clip": (FLOAT | NONE).req, "direction": STR.req, "hidden_size": INT, "layout": INT.req,
+                    "output_sequence": INT})
 def rnn(inputs, attrs):
     """ONNX RNN (Elman). Inputs: X, W, R, B, sequence_lens, initial_h. Outputs: Y, Y_h."""
     return _run("RNN", inputs, attrs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, FLOAT, INT, NONE, kind
 
 
 def _generator(attrs: dict, device) -> torch.Generator | None:
@@ -35,20 +35,24 @@ def _draw(shape, attrs: dict, device) -> torch.Tensor:
     return x.to(out)
 
 
-@kind("RandomUniform", "RandomNormal", pure=False)
+@kind("RandomUniform", "RandomNormal", pure=False,
+      attrs={"dtype": DTYPE.req, "high": FLOAT, "low": FLOAT, "mean": FLOAT, "scale": FLOAT,
+             "seed": (FLOAT | NONE).req})
 def random_from_shape(inputs, attrs):
     """inputs: the output shape as a 1-D int64 tensor (a constant made from the `shape` attribute)."""
     return _draw(tuple(inputs[0].tolist()), attrs, inputs[0].device)
 
 
-@kind("RandomUniformLike", "RandomNormalLike", pure=False)
+@kind("RandomUniformLike", "RandomNormalLike", pure=False, attrs={"dtype": DTYPE.req, "high": FLOAT, "low": FLOAT,
+                                                                  "mean": FLOAT, "scale": FLOAT,
+                                                                  "seed": (FLOAT | NONE).req})
 def random_like(inputs, attrs):
     """inputs: a tensor whose shape (only) the output takes."""
     x = inputs[0]
     return _draw(tuple(x.shape), attrs, getattr(x, "device", None))
 
 
-@kind("Bernoulli", pure=False)
+@kind("Bernoulli", pure=False, attrs={"dtype": DTYPE.req, "seed": (FLOAT | NONE).req})
 def bernoulli(inputs, attrs):
     """1 with probability p (the input), else 0."""
     p = inputs[0]
@@ -56,7 +60,7 @@ def bernoulli(inputs, attrs):
     return draw.to(attrs["dtype"].torch)
 
 
-@kind("Multinomial", pure=False)
+@kind("Multinomial", pure=False, attrs={"dtype": DTYPE.req, "sample_size": INT.req, "seed": (FLOAT | NONE).req})
 def multinomial(inputs, attrs):
     """inputs: unnormalized log-probabilities [batch, classes] → `sample_size` class indices per row."""
     x = inputs[0]

@@ -10,7 +10,7 @@ import torch
 
 from kiln.errors import InputError
 from kiln.kinds.controlflow import run_body
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, NETWORK, kind
 
 
 def _position(pos: torch.Tensor | None, length: int, default: int, inserting: bool = False) -> int:
@@ -22,23 +22,23 @@ def _position(pos: torch.Tensor | None, length: int, default: int, inserting: bo
     return p
 
 
-@kind("SequenceConstruct")
+@kind("SequenceConstruct", attrs={})
 def sequence_construct(inputs, attrs):
     return [list(inputs)]
 
 
-@kind("SequenceEmpty")
+@kind("SequenceEmpty", attrs={"dtype": INT})
 def sequence_empty(inputs, attrs):
     return [[]]
 
 
-@kind("SequenceAt")
+@kind("SequenceAt", attrs={})
 def sequence_at(inputs, attrs):
     seq, pos = inputs
     return [seq[_position(pos, len(seq), 0)]]
 
 
-@kind("SequenceInsert")
+@kind("SequenceInsert", attrs={})
 def sequence_insert(inputs, attrs):
     seq, value, pos = (inputs + [None])[:3]
     out = list(seq)
@@ -46,7 +46,7 @@ def sequence_insert(inputs, attrs):
     return [out]
 
 
-@kind("SequenceErase")
+@kind("SequenceErase", attrs={})
 def sequence_erase(inputs, attrs):
     seq, pos = (inputs + [None])[:2]
     out = list(seq)
@@ -54,12 +54,12 @@ def sequence_erase(inputs, attrs):
     return [out]
 
 
-@kind("SequenceLength")
+@kind("SequenceLength", attrs={})
 def sequence_length(inputs, attrs):
     return [torch.tensor(len(inputs[0]), dtype=torch.int64)]
 
 
-@kind("SplitToSequence")
+@kind("SplitToSequence", attrs={"axis": INT.req, "keepdims": INT.req})
 def split_to_sequence(inputs, attrs):
     x, split = (inputs + [None])[:2]
     axis = attrs["axis"]
@@ -69,7 +69,7 @@ def split_to_sequence(inputs, attrs):
     return [list(torch.split(x, int(split) if split.dim() == 0 else split.tolist(), axis))]
 
 
-@kind("ConcatFromSequence")
+@kind("ConcatFromSequence", attrs={"axis": INT.req, "new_axis": INT.req})
 def concat_from_sequence(inputs, attrs):
     seq = inputs[0]
     if not seq:
@@ -77,7 +77,7 @@ def concat_from_sequence(inputs, attrs):
     return [torch.stack(seq, attrs["axis"]) if attrs["new_axis"] else torch.cat(seq, attrs["axis"])]
 
 
-@kind("SequenceMap")
+@kind("SequenceMap", attrs={"body": NETWORK.req, "captures": INT.req})
 def sequence_map(inputs, attrs):
     """Run the body once per position of the input sequences; tensor inputs go to every run unchanged."""
     body, captures = attrs["body"], attrs["captures"]
@@ -90,17 +90,17 @@ def sequence_map(inputs, attrs):
     return [list(column) for column in zip(*runs)] if runs else [[] for _ in body.outputs]
 
 
-@kind("Optional")
+@kind("Optional", attrs={})
 def optional(inputs, attrs):
     return [inputs[0] if inputs else None]
 
 
-@kind("OptionalHasElement")
+@kind("OptionalHasElement", attrs={})
 def optional_has_element(inputs, attrs):
     return [torch.tensor(bool(inputs) and inputs[0] is not None)]
 
 
-@kind("OptionalGetElement")
+@kind("OptionalGetElement", attrs={})
 def optional_get_element(inputs, attrs):
     if inputs[0] is None:
         raise InputError("OptionalGetElement: the optional is empty; check that the model gives it a value here")

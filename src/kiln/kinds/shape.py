@@ -11,7 +11,7 @@ import math
 import torch
 
 from kiln.errors import InputError
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, FLOAT, INT, INTS, STR, TENSOR, kind
 from kiln.npyio import host_memory
 
 
@@ -44,7 +44,7 @@ def axis_of(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-@kind("Reshape")
+@kind("Reshape", attrs={"allowzero": INT, "consumed_inputs": INTS, "shape": INTS})
 def reshape(inputs, attrs):
     x, shape = inputs[0], ints(inputs[1])
     if not attrs.get("allowzero", 0):
@@ -52,20 +52,20 @@ def reshape(inputs, attrs):
     return x.reshape(shape)
 
 
-@kind("Transpose")
+@kind("Transpose", attrs={"perm": INTS})
 def transpose(inputs, attrs):
     x = inputs[0]
     perm = attrs.get("perm") or list(range(x.dim()))[::-1]
     return x.permute(perm).contiguous()
 
 
-@kind("Concat")
+@kind("Concat", attrs={"axis": INT.req})
 def concat(inputs, attrs):
     xs = [x for x in inputs if x is not None]
     return torch.cat(xs, dim=axis_of(attrs["axis"], xs[0].dim()))
 
 
-@kind("Split")
+@kind("Split", attrs={"axis": INT, "num_outputs": INT.req, "split": INTS})
 def split(inputs, attrs):
     """Split by the `split` sizes, else into `num_outputs` parts of ceil(dim / n), the last smaller."""
     x = inputs[0]
@@ -89,7 +89,7 @@ def _slice_axis(x: torch.Tensor, axis: int, start: int, end: int, step: int) -> 
     return x.index_select(axis, torch.arange(start, end, step, device=x.device))
 
 
-@kind("Slice")
+@kind("Slice", attrs={"axes": INTS, "ends": INTS, "starts": INTS})
 def slice_(inputs, attrs):
     x, starts, ends = inputs[0], ints(inputs[1]), ints(inputs[2])
     axes = ints(inputs[3] if len(inputs) > 3 else None) or list(range(len(starts)))
@@ -99,7 +99,7 @@ def slice_(inputs, attrs):
     return x
 
 
-@kind("Squeeze")
+@kind("Squeeze", attrs={"axes": INTS})
 def squeeze(inputs, attrs):
     x = inputs[0]
     axes = ints(inputs[1] if len(inputs) > 1 else None)
@@ -108,7 +108,7 @@ def squeeze(inputs, attrs):
     return x.squeeze(tuple(axis_of(a, x.dim()) for a in axes)) if axes else x
 
 
-@kind("Unsqueeze")
+@kind("Unsqueeze", attrs={"axes": INTS})
 def unsqueeze(inputs, attrs):
     x, axes = inputs[0], ints(inputs[1])
     rank = x.dim() + len(axes)
@@ -117,14 +117,14 @@ def unsqueeze(inputs, attrs):
     return x
 
 
-@kind("Flatten")
+@kind("Flatten", attrs={"axis": INT})
 def flatten(inputs, attrs):
     x = inputs[0]
     axis = axis_of(attrs.get("axis", 1), x.dim())
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
-@kind("Expand")
+@kind("Expand", attrs={})
 def expand(inputs, attrs):
     x, shape = inputs[0], ints(inputs[1])
     if any(d < 0 for d in shape):
@@ -133,7 +133,7 @@ def expand(inputs, attrs):
     return x.expand(out).contiguous()
 
 
-@kind("Tile")
+@kind("Tile", attrs={})
 def tile(inputs, attrs):
     x, repeats = inputs[0], ints(inputs[1])
     if len(repeats) == x.dim():
@@ -173,7 +173,7 @@ def pad_axes(x: torch.Tensor, axes: list[int], pads: list[int], mode: str = "con
     return x
 
 
-@kind("Pad")
+@kind("Pad", attrs={"mode": STR, "paddings": INTS, "pads": INTS, "value": FLOAT})
 def pad(inputs, attrs):
     x, pads = inputs[0], ints(inputs[1])
     value = inputs[2] if len(inputs) > 2 else None
@@ -186,7 +186,7 @@ def pad(inputs, attrs):
     return pad_axes(x, axes, pads, attrs.get("mode", "constant"), fill)
 
 
-@kind("Shape")
+@kind("Shape", attrs={"end": INT, "start": INT})
 def shape(inputs, attrs):
     dims = list(inputs[0].shape)
     rank = len(dims)
@@ -196,19 +196,19 @@ def shape(inputs, attrs):
                         dtype=torch.int64, device=inputs[0].device)
 
 
-@kind("Size")
+@kind("Size", attrs={})
 def size(inputs, attrs):
     return torch.tensor(inputs[0].numel(), dtype=torch.int64, device=inputs[0].device)
 
 
-@kind("ConstantOfShape")
+@kind("ConstantOfShape", attrs={"value": TENSOR.req})
 def constant_of_shape(inputs, attrs):
     value = attrs["value"]
     shape = checked_shape(ints(inputs[0]), value.dtype, inputs[0].device, "ConstantOfShape")
     return torch.full(shape, value.reshape(-1)[0].item(), dtype=value.dtype, device=inputs[0].device)
 
 
-@kind("Range")
+@kind("Range", attrs={"stash_type": INT})
 def range_(inputs, attrs):
     """start + i * delta for i < ceil((limit - start) / delta); fp16/bf16 computed in fp32 if stashed."""
     start, limit, delta = inputs
@@ -223,14 +223,14 @@ def range_(inputs, attrs):
     return (start.to(compute) + i * delta.to(compute)).to(dtype)
 
 
-@kind("EyeLike")
+@kind("EyeLike", attrs={"dtype": DTYPE.req, "k": INT})
 def eye_like(inputs, attrs):
     out = torch.zeros(inputs[0].shape, dtype=attrs["dtype"].torch, device=inputs[0].device)
     out.diagonal(attrs.get("k", 0)).fill_(1)
     return out
 
 
-@kind("Trilu")
+@kind("Trilu", attrs={"upper": INT})
 def trilu(inputs, attrs):
     k = inputs[1].item() if len(inputs) > 1 and inputs[1] is not None else 0
     x = inputs[0]
@@ -239,7 +239,7 @@ def trilu(inputs, attrs):
     return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-@kind("DepthToSpace")
+@kind("DepthToSpace", attrs={"blocksize": INT.req, "mode": STR})
 def depth_to_space(inputs, attrs):
     x, b = inputs[0], attrs["blocksize"]
     n, c, h, w = x.shape
@@ -250,7 +250,7 @@ def depth_to_space(inputs, attrs):
     return t.reshape(n, c // (b * b), h * b, w * b)
 
 
-@kind("SpaceToDepth")
+@kind("SpaceToDepth", attrs={"blocksize": INT.req, "mode": STR})
 def space_to_depth(inputs, attrs):
     x, b = inputs[0], attrs["blocksize"]
     n, c, h, w = x.shape
@@ -259,7 +259,7 @@ def space_to_depth(inputs, attrs):
     return t.reshape(n, c * b * b, h // b, w // b)
 
 
-@kind("CenterCropPad")
+@kind("CenterCropPad", attrs={"axes": INTS})
 def center_crop_pad(inputs, attrs):
     """Crop or zero-pad each listed axis to its target length, keeping the centre."""
     x, target = inputs[0], ints(inputs[1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, kind
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -40,6 +40,6 @@ def _hardmax(x, dim):
     return torch.zeros_like(x).scatter_(dim, index, 1)
 
 
-kind("Softmax")(_over_axis(_softmax))
-kind("LogSoftmax")(_over_axis(_log_softmax))
-kind("Hardmax")(_over_axis(_hardmax))
+kind("Softmax", attrs={"axis": INT, "flatten": INT})(_over_axis(_softmax))
+kind("LogSoftmax", attrs={"axis": INT, "flatten": INT})(_over_axis(_log_softmax))
+kind("Hardmax", attrs={"axis": INT, "flatten": INT})(_over_axis(_hardmax))

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import DTYPE, INT, kind
 
 
 def _signal(x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ def _forward(sig: torch.Tensor, n: int, dim: int, onesided: bool) -> torch.Tenso
     return y.narrow(dim, 0, n // 2 + 1) if onesided else y
 
 
-@kind("DFT")
+@kind("DFT", attrs={"axis": INT.req, "inverse": INT.req, "onesided": INT.req})
 def dft(inputs, attrs):
     """inputs: signal, dft_length?, axis? (opset 20; the `axis` attribute before it)."""
     x, length, axis = (list(inputs) + [None, None])[:3]
@@ -54,7 +54,7 @@ def dft(inputs, attrs):
     return _onnx_complex(y, x.dtype)
 
 
-@kind("STFT")
+@kind("STFT", attrs={"onesided": INT.req})
 def stft(inputs, attrs):
     """inputs: signal [batch, length, 1|2], frame_step, window?, frame_length? → [batch, frames, bins, 2]."""
     x, step, window, length = (list(inputs) + [None, None])[:4]
@@ -86,12 +86,12 @@ def _window(coefficients: tuple[float, ...]):
     return ref
 
 
-kind("HannWindow")(_window((0.5, 0.5)))
-kind("HammingWindow")(_window((25 / 46, 21 / 46)))
-kind("BlackmanWindow")(_window((0.42, 0.5, 0.08)))
+kind("HannWindow", attrs={"output_datatype": DTYPE.req, "periodic": INT.req})(_window((0.5, 0.5)))
+kind("HammingWindow", attrs={"output_datatype": DTYPE.req, "periodic": INT.req})(_window((25 / 46, 21 / 46)))
+kind("BlackmanWindow", attrs={"output_datatype": DTYPE.req, "periodic": INT.req})(_window((0.42, 0.5, 0.08)))
 
 
-@kind("MelWeightMatrix")
+@kind("MelWeightMatrix", attrs={"output_datatype": DTYPE.req})
 def mel_weight_matrix(inputs, attrs):
     """[dft_length//2 + 1, num_mel_bins] triangular filters, equally spaced on the mel scale."""
     mel_bins, dft_length, rate, low, high = (int(inputs[0]), int(inputs[1]), int(inputs[2]),

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import INT, STR, STRS, kind
 
 
 def _strings(values, shape) -> np.ndarray:
@@ -22,13 +22,13 @@ def _strings(values, shape) -> np.ndarray:
     return out.reshape(shape)
 
 
-@kind("StringConcat")
+@kind("StringConcat", attrs={})
 def string_concat(inputs, attrs):
     x, y = np.broadcast_arrays(*inputs)
     return [_strings([a + b for a, b in zip(x.flat, y.flat)], x.shape)]
 
 
-@kind("StringSplit")
+@kind("StringSplit", attrs={"delimiter": STR.req, "maxsplit": INT.req})
 def string_split(inputs, attrs):
     """Split on `delimiter` (runs of whitespace when empty), at most `maxsplit` times; pad with "".
 
@@ -48,7 +48,8 @@ def _change_case(s: str, upper: bool) -> str:
     return "".join(m if len(m) == 1 else c for c, m in zip(s, changed))
 
 
-@kind("StringNormalizer")
+@kind("StringNormalizer", attrs={"case_change_action": STR.req, "is_case_sensitive": INT.req, "locale": STR,
+                                 "stopwords": STRS.req})
 def string_normalizer(inputs, attrs):
     """Drop stopwords (case-insensitively unless asked), then change case; [C] or [1, C] input."""
     x = inputs[0]
@@ -113,7 +114,7 @@ def python_pattern(pattern: str) -> str:
     return "".join(out)
 
 
-@kind("RegexFullMatch")
+@kind("RegexFullMatch", attrs={"pattern": STR.req})
 def regex_full_match(inputs, attrs):
     x = inputs[0]
     regex = re.compile(python_pattern(attrs["pattern"]), re.ASCII)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOATS, INT, INTS, STR, STRS, kind, list_of
 
 
 def _ngram_table(attrs: dict) -> dict[tuple, int]:
@@ -33,7 +33,10 @@ def _count_row(row: list, table: dict[tuple, int], attrs: dict, counts: np.ndarr
                     counts[column] += 1
 
 
-@kind("TfIdfVectorizer")
+@kind("TfIdfVectorizer", attrs={"max_gram_length": INT.req, "max_skip_count": INT.req, "min_gram_length": INT.req,
+                                "mode": STR.req, "ngram_counts": INTS.req, "ngram_indexes": INTS.req,
+                                "pool": list_of(INT | STR).req, "pool_int64s": INTS, "pool_strings": STRS,
+                                "weights": FLOATS.req})
 def tfidf_vectorizer(inputs, attrs):
     """X [C] or [N, C] (integers, or strings as a numpy object array) → float32 [width] or [N, width]."""
     x = inputs[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kiln.kinds.normalization import compute_dtype
-from kiln.kinds.registry import kind
+from kiln.kinds.registry import FLOAT, STR, kind
 
 
 def _groups(inputs: list, n_groups: int) -> tuple[float, int, list[list[torch.Tensor]]]:
@@ -25,7 +25,7 @@ def _cast_like(outs: list[torch.Tensor], like: list[torch.Tensor]) -> list[torch
     return [o.to(i.dtype) for o, i in zip(outs, like)]
 
 
-@kind("Momentum")
+@kind("Momentum", attrs={"alpha": FLOAT.req, "beta": FLOAT.req, "mode": STR.req, "norm_coefficient": FLOAT.req})
 def momentum(inputs, attrs):
     """SGD with standard or Nesterov momentum; beta is 1 on the first update (T = 0)."""
     r, t, (xs, gs, vs) = _groups(inputs, 3)
@@ -40,7 +40,7 @@ def momentum(inputs, attrs):
     return _cast_like(new_x + new_v, inputs[2:])
 
 
-@kind("Adagrad")
+@kind("Adagrad", attrs={"decay_factor": FLOAT, "epsilon": FLOAT, "norm_coefficient": FLOAT})
 def adagrad(inputs, attrs):
     """ADAGRAD with learning rate R / (1 + T·decay_factor)."""
     r, t, (xs, gs, hs) = _groups(inputs, 3)
@@ -54,7 +54,8 @@ def adagrad(inputs, attrs):
     return _cast_like(new_x + new_h, inputs[2:])
 
 
-@kind("Adam")
+@kind("Adam", attrs={"alpha": FLOAT, "beta": FLOAT, "epsilon": FLOAT, "norm_coefficient": FLOAT,
+                     "norm_coefficient_post": FLOAT})
 def adam(inputs, attrs):
     """Adam with bias correction from the second update on, and optional post-update decay."""
     r, t, (xs, gs, vs, hs) = _groups(inputs, 4)

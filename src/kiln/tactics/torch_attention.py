@@ -45,15 +45,23 @@ def sdpa_configs(spec: LayerSpec, device, level: int) -> list[dict]:
     return [{"backend": b} for b in _BACKENDS if half or b in ("efficient", "math")]
 
 
-def sdpa_backends(config: dict) -> list:
-    """The config's backend, then math: a backend's limits depend on shapes (cuDNN refuses sequence length 1,
-    efficient fp16 head size 4), so a shape of the profile's range the tuned backend cannot take runs math."""
-    return list(dict.fromkeys([_BACKENDS[config["backend"]], SDPBackend.MATH]))
+def sdpa(config: dict, q, k, v, **kw):
+    """SDPA on the config's backend, else math: a backend's limits depend on shapes (cuDNN refuses sequence
+    length 1, efficient attention a key whose rows are not 16-byte aligned, as a transposed Kᵀ of length 1), so
+    a shape of the profile's range the tuned backend cannot take runs math instead of failing."""
+    backends = list(dict.fromkeys([_BACKENDS[config["backend"]], SDPBackend.MATH]))
+    try:
+        with sdpa_kernel(backends, set_priority=True):  # backends refusing the shape at selection
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+    except RuntimeError:  # ... or only at launch (efficient attention's alignment checks)
+        if len(backends) == 1:
+            raise
+    with sdpa_kernel([SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
 def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
-    backends = sdpa_backends(config)
     causal, scale = bool(a.get("is_causal")), a.get("scale")
     gqa = spec.inputs[0].shape[1] != spec.inputs[1].shape[1]
 
@@ -62,9 +70,8 @@ def _compile(spec: LayerSpec, config, device):
         mask = inputs[3] if len(inputs) > 3 else None
         if mask is not None and mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
-        with sdpa_kernel(backends, set_priority=True):
-            return [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-                                                   scale=scale, enable_gqa=gqa)]
+        return [sdpa(config, q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale,
+                     enable_gqa=gqa)]
 
     return run
 

@@ -7,7 +7,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from kiln.ir import DType
 from kiln.kernels import quantize
@@ -16,7 +15,7 @@ from kiln.tactics.int8_lowering import fp8_device_reason
 from kiln.tactics.common import first, float_io, linear, rank, rowwise, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.torch_attention import sdpa_backends, sdpa_configs
+from kiln.tactics.torch_attention import sdpa, sdpa_configs
 
 _ACT = {
     "none": lambda y, p: y, "Relu": lambda y, p: F.relu(y), "Sigmoid": lambda y, p: torch.sigmoid(y),
@@ -132,15 +131,13 @@ def _supports_attention(spec: LayerSpec, device) -> str | None:
 
 
 def _compile_attention(spec: LayerSpec, config, device):
-    backends = sdpa_backends(config)
     d = spec.inputs[0].shape[-1]
     scale = spec.attrs["scale"] if spec.attrs["scale"] is not None else 1.0 / math.sqrt(d)
 
     def run(inputs):
         q, kt, v = inputs[:3]
         mask = inputs[3] if len(inputs) > 3 else None
-        with sdpa_kernel(backends, set_priority=True):
-            return [F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)]
+        return [sdpa(config, q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)]
 
     return run
 
