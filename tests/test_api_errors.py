@@ -292,3 +292,11 @@ def test_gpu_sdpa_small_heads_fp32_mask_runs_over_the_whole_profile(tmp_path):
             feeds = {n: g.standard_normal((b, 2, s, 4)).astype(np.float32) for n in ("q", "k", "v")}
             feeds["mask"] = np.where(g.random((b, 1, s, s)) < 0.2, -1e4, 0.0).astype(np.float32)
             np.testing.assert_allclose(gpu.run(feeds)["y"], cpu.run(feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("command", ["build", "inspect"])
+def test_a_model_that_is_no_regular_file_says_what_it_is(tmp_path, command):
+    folder = tmp_path / "m.onnx"
+    folder.mkdir()
+    assert_one_error_line(invoke(command, str(folder)), "is a directory")
+    assert_one_error_line(invoke(command, "/dev/zero"), "not a regular file")

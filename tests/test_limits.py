@@ -299,3 +299,16 @@ def test_input_driven_pads_are_input_errors():
     assert engine.create_context().run({"x": x, "n": np.array([1, 2], np.int64)})["y"].tolist() == [0, 1, 0, 0]
     with pytest.raises(InputError, match=r"Pad.*reading \[.*'n'.*memory budget"):
         engine.create_context().run({"x": x, "n": np.array([0, 2**60], np.int64)})
+
+
+def test_a_profile_larger_than_the_device_is_refused_before_the_build(tmp_path):
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="relu0")],
+               [helper.make_tensor_value_info("x", T.FLOAT, ["n", 4])], [helper.make_tensor_value_info("y", T.FLOAT, ["n", 4])])
+    onnx.save(m, tmp_path / "m.onnx")
+    huge = {"x": ((1, 4), (1, 4), (9_999_999_999_999, 4))}
+    with pytest.raises(ResourceLimitError, match="input 'x' at its max shape"):
+        kiln.build(m, kiln.BuildConfig(device="cpu", profiles=(huge,)))
+    r = invoke("build", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.plan"), "--min-shapes", "x:1x4",
+               "--opt-shapes", "x:1x4", "--max-shapes", "x:9999999999999x4")
+    assert_one_error_line(r, "lower --max-shapes")
+    assert not (tmp_path / "m.plan").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -16,7 +17,7 @@ from kiln.builder.specialize import needs_specialization, observe_shapes, specia
 from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
 from kiln.engine import Engine
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, ResourceLimitError
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.ir import Network
@@ -71,6 +72,18 @@ def _unhonoured(config: BuildConfig, device: Device) -> list[str]:
     if config.opt_level != BuildConfig.opt_level:
         notes.append("--opt-level has no effect on the CPU backend: it has no kernels to tune")
     return notes
+
+
+def check_profile_memory(proto: onnx.ModelProto, config: BuildConfig, budget: int) -> None:
+    """Refuse a profile whose largest shape of some input would not fit the build device, before any work."""
+    dtypes = {i.name: i.type.tensor_type.elem_type for i in proto.graph.input}
+    for k, profile in enumerate(config.profiles):
+        for name, shapes in profile.items():
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(dtypes[name]).itemsize if dtypes.get(name) else 1
+            need = math.prod(shapes.max) * itemsize
+            if need > budget:
+                raise ResourceLimitError(f"profile {k}: input {name!r} at its max shape {list(shapes.max)} takes "
+                                         f"{need} bytes, over the build device's {budget}; lower --max-shapes")
 
 
 def memory_budget(device: Device) -> int:
@@ -137,6 +150,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
                          max_tensor_bytes=min(ModelLimits.max_tensor_bytes, memory_budget(ctx.device)))
     loaded = stage("load", lambda: load_onnx(model, limits, input_shapes=static_input_shapes(config),
                                              base_dir=base_dir))
+    check_profile_memory(loaded.proto, config, limits.max_tensor_bytes)
     net = stage("import", lambda: import_onnx(loaded.proto))
     onnx_nodes = len(loaded.proto.graph.node)
     imported_layers = len(net.layers)

@@ -133,8 +133,6 @@ def _value(vi: onnx.ValueInfoProto) -> dict:
 
 def describe_onnx(path: Path) -> dict:
     """Op counts, which of them kiln imports at the model's opsets, inputs, outputs and parameter count."""
-    if not path.is_file():
-        raise ModelError(f"model file {path} does not exist or is not a file")
     proto = read_model(path)
     for t in external_tensors(proto):  # a location leaving the model's folder is an error, not a table row
         resolve_location(path.parent, {e.key: e.value for e in t.external_data}.get("location", ""), t.name)

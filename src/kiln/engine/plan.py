@@ -94,16 +94,7 @@ def _explain_foreign(start: bytes) -> str:
 
 def plan_file(path) -> Path:
     """`path` as a Path to an existing regular file, or a PlanError saying what it is instead."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise PlanError(f"plan path must be a str or os.PathLike naming a plan file, got {type(path).__name__}")
-    path = Path(path)
-    if path.is_dir():
-        raise PlanError(f"plan file {path} is a directory; give the path of a plan file inside it")
-    if not path.exists():
-        raise PlanError(f"plan file {path} does not exist")
-    if not path.is_file():
-        raise PlanError(f"plan file {path} is not a regular file (a device, pipe or socket); give a plan file")
-    return path
+    return files.existing_file(path, "plan file", PlanError)
 
 
 def read_header(path: str | os.PathLike) -> dict:

@@ -103,7 +103,7 @@ def _feeds(net: Network, batch: Any, device: torch.device) -> dict[str, torch.Te
     feeds = {}
     for name in net.inputs:
         v = batch[name]
-        t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
+        t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.require(v, requirements=["C", "W"]))
         want = net.tensors[name].dtype.torch
         if t.is_floating_point() != want.is_floating_point:
             raise InputError(f"calibration input {name!r} is {t.dtype}; the network reads {want}")

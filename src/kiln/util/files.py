@@ -139,3 +139,17 @@ def write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], kin
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def existing_file(path, what: str, error: type[Exception]) -> Path:
+    """`path` as a Path to an existing regular file, or `error` saying what it is instead (a folder, a device)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise error(f"{what} path must be a str or os.PathLike, got {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{what} {path} is a directory; give the path of a file inside it")
+    if not path.exists():
+        raise error(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise error(f"{what} {path} is not a regular file (a device, pipe or socket); give a file")
+    return path

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 from kiln.errors import ModelError, ResourceLimitError, ShapeError, UnsupportedOpError
 from kiln.frontend.onnx.external_data import external_tensors, load_external_data
 from kiln.frontend.onnx.limits import PROTOBUF_LIMIT, ModelLimits
+from kiln.util import files
 
 
 @dataclass
@@ -63,8 +64,7 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
 
 def read_model_bytes(path: Path) -> bytes:
     """An .onnx file's bytes, refusing one over protobuf's limit before reading it (and reading no more)."""
-    if not path.is_file():
-        raise ModelError(f"model file {path} does not exist or is not a file")
+    path = files.existing_file(path, "model file", ModelError)
     with open(path, "rb") as f:
         data = f.read(PROTOBUF_LIMIT + 1)
     if len(data) > PROTOBUF_LIMIT:
