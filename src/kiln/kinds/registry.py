@@ -69,7 +69,6 @@ STRS = list_of(STR)
 TENSOR = AttrSpec("a tensor", lambda v: isinstance(v, torch.Tensor))
 DTYPE = AttrSpec("a dtype", _dtype)
 NETWORK = AttrSpec("a network", _network)
-ANY = AttrSpec("any value", lambda v: True)
 
 
 @dataclass(frozen=True)
