@@ -49,9 +49,11 @@ def roundtrip(name, onnx_path, feeds, config, folder) -> dict:
     a, b = built.create_context(), loaded.create_context()
     first_a, first_b = a.run(feeds), b.run(feeds)
     same = all(np.array_equal(np.asarray(first_a[k]), np.asarray(first_b[k])) for k in first_a)
-    return {"model": name, "build_s": round(build_s, 1), "plan_bytes": plan.stat().st_size, "outputs_equal": same,
+    row = {"model": name, "build_s": round(build_s, 1), "plan_bytes": plan.stat().st_size, "outputs_equal": same,
             "built_ms": median_ms(a, feeds), "loaded_ms": median_ms(b, feeds),
             "load_notes": loaded.build_info.get("load_notes", [])}
+    print(row, flush=True)
+    return row
 
 
 def main() -> None:
@@ -82,8 +84,6 @@ def main() -> None:
     info = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
             "kiln": kiln.__version__, "rows": rows}
     (args.out / "plan-roundtrip.json").write_text(json.dumps(info, indent=2))
-    for r in rows:
-        print(r)
 
 
 if __name__ == "__main__":
