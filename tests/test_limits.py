@@ -14,7 +14,7 @@ from onnx import TensorProto as T, helper, numpy_helper
 
 import kiln
 from kiln.errors import InputError, ModelError, ResourceLimitError, SecurityError
-from kiln import npyio
+from kiln.util import npyio
 from kiln.frontend.onnx import external_data
 from tests.test_cli import assert_one_error_line, invoke
 

@@ -19,7 +19,7 @@ from kiln.engine.compat import CompatibilityWarning
 from kiln.errors import ConfigError, InputError
 from kiln.ir import DType
 from kiln.ir.dtype import to_torch
-from kiln.npyio import read_npy, read_npz
+from kiln.util.npyio import read_npy, read_npz
 from kiln.runtime.io import index_bounds
 from kiln.util import files
 

@@ -12,7 +12,7 @@ import torch
 
 from kiln.errors import InputError
 from kiln.kinds.registry import DTYPE, FLOAT, INT, INTS, STR, TENSOR, kind
-from kiln.npyio import host_memory
+from kiln.util.npyio import host_memory
 
 
 def ints(t: torch.Tensor | None) -> list[int] | None:

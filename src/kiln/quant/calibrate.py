@@ -20,7 +20,7 @@ import torch
 
 from kiln.errors import InputError
 from kiln.ir import Network
-from kiln.npyio import read_npy, read_npz
+from kiln.util.npyio import read_npy, read_npz
 from kiln.quant import calibrators
 from kiln.quant.batching import fitted
 from kiln.quant.histogram import Histogram
