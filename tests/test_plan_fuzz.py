@@ -53,7 +53,8 @@ def _category(v) -> str:
 @st.composite
 def _ill_typed_edits(draw):
     """1-3 edits of the manifest, each replacing a value by one of another JSON category or deleting a key (not an
-    attribute: kinds do not declare which attributes they need, and a dropped optional one is a well-formed plan)."""
+    attribute: a dropped optional attribute is a well-formed plan meaning its default; required ones are covered by
+    test_hand_edited_attributes_are_plan_errors_at_load)."""
     header, manifest, weights = _split(SEED_PLAN)
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(_MANIFEST_PATHS))

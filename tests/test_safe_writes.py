@@ -15,21 +15,9 @@ import kiln
 from kiln.builder.timing_cache import APPLICATION_ID, TimingCache
 from kiln.errors import ConfigError, PlanError, SecurityError
 from kiln.util import files
-from test_cli import assert_one_error_line, invoke, tiny_model
+from test_cli import assert_one_error_line, invoke, model, plan, tiny_model  # noqa: F401 (fixtures)
 
 FOREIGN = b"someone else's notes\n"
-
-
-@pytest.fixture
-def model(tmp_path):
-    return tiny_model(tmp_path / "tiny.onnx")
-
-
-@pytest.fixture
-def plan(model, tmp_path):
-    out = tmp_path / "tiny.plan"
-    assert invoke("build", str(model), "-o", str(out), "--device", "cpu", "--shapes", "x:2x4").exit_code == 0
-    return out
 
 
 def build(model, out, *extra):
