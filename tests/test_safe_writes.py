@@ -15,7 +15,7 @@ import kiln
 from kiln.builder.timing_cache import APPLICATION_ID, TimingCache
 from kiln.errors import ConfigError, PlanError, SecurityError
 from kiln.util import files
-from test_cli import assert_one_error_line, invoke, model, plan, tiny_model  # noqa: F401 (fixtures)
+from test_cli import assert_one_error_line, invoke, model, plan  # noqa: F401 (fixtures)
 
 FOREIGN = b"someone else's notes\n"
 
