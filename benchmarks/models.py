@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test models, imported as tests do
-from models.export import export  # noqa: E402
+from tests.models.export import export  # the test models; run from the repository root (python -m benchmarks.…)
 
 OPSET = 18
 VERSION = 2  # bump when a model or its export changes: cached file names carry it
@@ -94,7 +92,7 @@ def _bert(**cfg) -> Callable[[int], Made]:
         import transformers
         from transformers import BertConfig, BertModel
 
-        from models.text import LastHidden
+        from tests.models.text import LastHidden
 
         model = BertModel(BertConfig(**cfg), add_pooling_layer=True)
         return Made(LastHidden(model), f"transformers {transformers.__version__}")
@@ -103,7 +101,7 @@ def _bert(**cfg) -> Callable[[int], Made]:
 
 def _vision_fallback(cls: str) -> Callable[[int], torch.nn.Module]:
     def make(size: int) -> torch.nn.Module:
-        from models import vision
+        from tests.models import vision
 
         return getattr(vision, cls)(image_size=size) if cls == "ViT" else getattr(vision, cls)()
     return make

@@ -26,7 +26,7 @@ from benchmarks.models import SPECS, Made, Spec, instantiate, onnx_file
 from benchmarks.peers import OPT_IN, PEERS, prepare, runner
 from benchmarks.roofline import DTYPES, count_flops, matmul_rate
 from kiln.bench import measure
-from kiln.builder.device import detect
+from kiln.target.device import detect
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -1,13 +1,11 @@
 """Issue 25's GPU check: CUDA engines survive save → load (plan format 2, header checksum, manifest validation,
 first-call check) with the same outputs and the same steady-state time as before saving.
 
-    PYTHONPATH=src:tests python benchmarks/probes/gpu_plan_roundtrip.py --out DIR
+    python -m benchmarks.probes.gpu_plan_roundtrip --out DIR
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -16,27 +14,10 @@ import numpy as np
 import torch
 
 import kiln
-from models.export import export
-from models.text import LastHidden, tiny_bert
-from models.vision import ResNet50, randomize_bn
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def median_ms(ctx, feeds, iters=100) -> float:
-    for _ in range(10):
-        ctx.run(feeds)
-    times = []
-    for _ in range(iters):
-        sync()
-        t = time.perf_counter()
-        ctx.run(feeds)
-        sync()
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+from benchmarks.probes.harness import parser, wall_ms, write_json
+from tests.models.export import export
+from tests.models.text import LastHidden, tiny_bert
+from tests.models.vision import ResNet50, randomize_bn
 
 
 def roundtrip(name, onnx_path, feeds, config, folder) -> dict:
@@ -50,15 +31,14 @@ def roundtrip(name, onnx_path, feeds, config, folder) -> dict:
     first_a, first_b = a.run(feeds), b.run(feeds)
     same = all(np.array_equal(np.asarray(first_a[k]), np.asarray(first_b[k])) for k in first_a)
     row = {"model": name, "build_s": round(build_s, 1), "plan_bytes": plan.stat().st_size, "outputs_equal": same,
-            "built_ms": median_ms(a, feeds), "loaded_ms": median_ms(b, feeds),
+            "built_ms": wall_ms(lambda: a.run(feeds)), "loaded_ms": wall_ms(lambda: b.run(feeds)),
             "load_notes": loaded.build_info.get("load_notes", [])}
     print(row, flush=True)
     return row
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
+    ap = parser(__doc__, required=True, out_help="folder for plan-roundtrip.json")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -81,9 +61,7 @@ def main() -> None:
         np.savez(folder / "calib.npz", x=g.normal(size=(8, 3, 64, 64)).astype(np.float32))
         rows.append(roundtrip("resnet-mini-int8", cnn, x, kiln.BuildConfig(device=args.device, int8=True, fp16=True,
                                                                            calib=str(folder / "calib.npz")), folder))
-    info = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-            "kiln": kiln.__version__, "rows": rows}
-    (args.out / "plan-roundtrip.json").write_text(json.dumps(info, indent=2))
+    write_json(args.out / "plan-roundtrip.json", {"rows": rows}, device=args.device)
 
 
 if __name__ == "__main__":

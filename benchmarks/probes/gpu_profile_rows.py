@@ -1,0 +1,69 @@
+"""Where the time goes in the suite's fp16 engines: each layer timed on its own (CUDA events, eager), summed by
+kind and tactic, next to the engine's CUDA-graph latency, for the benchmark rows still behind their target.
+
+    python -m benchmarks.probes.gpu_profile_rows --out DIR [--rows mobilenet_v2:64,vit_b_16:64,bert:1]
+
+Writes DIR/profile-rows.json; prints the top kinds of each row last.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+import kiln
+from benchmarks.models import SPECS, instantiate, onnx_file
+from benchmarks.probes.harness import event_ms, parser, write_json
+from kiln.bench.profile import profile_layers
+
+
+def graph_ms(ctx, feeds, n: int = 50) -> float:
+    return event_ms(lambda: ctx.run(feeds), iters=n, warmup=5)
+
+
+def profile_row(name: str, batch: int, cache: Path) -> dict:
+    spec = SPECS[name]
+    made = instantiate(spec, spec.default_size)
+    path, _ = onnx_file(spec, made, spec.default_size, cache)
+    feeds = {k: v.cuda() for k, v in spec.inputs(batch, spec.default_size).items()}
+    config = kiln.BuildConfig.with_shapes({k: tuple(v.shape) for k, v in feeds.items()}, device="cuda", fp16=True,
+                                          timing_cache=str(cache / "profile-timing.db"))
+    engine = kiln.build(path, config)
+    prof = profile_layers(engine, feeds, iterations=10)
+    return {"model": name, "batch": batch, "graph_ms": graph_ms(engine.create_context(), feeds),
+            "eager_sum_ms": prof.total_ms, "layers": len(prof.layers), "by_kind": prof.by_kind(),
+            "slowest": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean}
+                        for t in prof.ranked()[:5]]}
+
+
+def main() -> None:
+    ap = parser(__doc__, required=True, out_help="folder for profile-rows.json")
+    ap.add_argument("--rows", default="mobilenet_v2:64,vit_b_16:64,bert:1,resnet50:1")
+    ap.add_argument("--cache", type=Path, default=Path(".kiln-cache/benchmarks"))
+    ap.add_argument("--budget-seconds", type=float, default=200)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    start, rows = time.perf_counter(), []
+    for item in args.rows.split(","):
+        if time.perf_counter() - start > args.budget_seconds:
+            rows.append({"row": item, "skipped": "over the time budget"})
+            continue
+        name, batch = item.split(":")
+        try:
+            rows.append(profile_row(name, int(batch), args.cache))
+        except Exception as e:  # noqa: BLE001 - a profile reports, it does not stop
+            rows.append({"row": item, "error": f"{type(e).__name__}: {e}"[:500]})
+        write_json(args.out / "profile-rows.json", {"rows": rows})
+    for r in rows:
+        if "by_kind" not in r:
+            print(r)
+            continue
+        print(f"\n{r['model']} b{r['batch']}: graph {r['graph_ms']:.3f} ms, eager layer sum {r['eager_sum_ms']:.3f} ms, "
+              f"{r['layers']} layers")
+        for g in r["by_kind"][:7]:
+            print(f"  {g['percent']:5.1f}%  {g['ms']:7.3f} ms  {g['layers']:4d} × {g['kind']} [{g['tactic']}]")
+
+
+if __name__ == "__main__":
+    main()
