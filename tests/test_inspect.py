@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from kiln.builder.autotune import Choice
+from kiln.tactics.choice import Choice
 from kiln.engine import plan as planfile
 from tests.test_compare import chain_model, invoke
 
@@ -60,6 +60,23 @@ def test_onnx_conv_bn_relu_becomes_one_fused_conv(tmp_path):
     assert d["parameters"] == 4 * 3 * 3 * 3 + 5 * 4
     text = invoke("inspect", path)
     assert text.exit_code == 0 and "Fusions the build will apply" in text.stdout and "FusedConv" in text.stdout
+
+
+def test_onnx_lists_the_passes_a_build_runs_in_order_with_their_conditions(tmp_path):
+    """The float passes first (always, in the order default_passes() gives), then the precision passes, labelled
+    with the flags and device they run under; the same in the table."""
+    from kiln.passes import default_passes
+    path = conv_bn_relu(tmp_path / "cbr.onnx")
+    steps = inspect_json(path)["pass_pipeline"]
+    optimize = [s["pass"] for s in steps if s["stage"] == "optimize"]
+    assert optimize == [p.__name__ for p in default_passes()]
+    assert all(s["runs"] == "always" for s in steps if s["stage"] == "optimize")
+    assert [s["stage"] for s in steps] == ["optimize"] * len(optimize) + ["precision"] * (len(steps) - len(optimize))
+    precision = {s["pass"]: s["runs"] for s in steps if s["stage"] == "precision"}
+    assert list(precision) == ["fold_quantize", "fuse_conv_pair", "fuse_conv_chain"]
+    assert precision["fold_quantize"] == "--int8 or --fp8" and "Hopper" in precision["fuse_conv_chain"]
+    text = invoke("inspect", path)
+    assert text.exit_code == 0 and "Passes a build runs" in text.stdout and "fuse_conv_chain" in text.stdout
 
 
 def test_onnx_with_an_unknown_op_says_why_there_are_no_fusions(tmp_path):

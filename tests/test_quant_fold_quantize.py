@@ -7,9 +7,12 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from kiln.ir import DType
+from kiln.ir import DType, Layer, Network
 from kiln.kernels import layernorm, quantize
 from kiln.kinds import run_reference
+from kiln.kinds.verify import verify_network
+from kiln.quant.fold_quantize import fold_quantize
+from passcheck import apply, assert_same_outputs, kinds
 from test_memory_plan import _forced, _named
 from test_quant_int8_residual import _cosine
 
@@ -54,6 +57,54 @@ def test_quantize_after_add_layernorm_folds_into_it():
     assert any("2 QuantizeLinear layers folded into the add+LayerNorm" in n for n in engine.build_info["notes"])
     x = RNG.standard_normal((8, D)).astype(np.float32)
     assert _cosine(engine.run({"x": x})["y"], fp32.run({"x": x})["y"]) >= 0.999
+
+
+def _add_layernorm_quantize() -> Network:
+    """y, s = AddLayerNorm(a, b, γ, β);  y_q = QuantizeLinear(y, 0.02);  z = DequantizeLinear(y_q): y is also an
+    output (a float reader the fold must keep)."""
+    net = Network("lnq")
+    for name, dtype in (("a", DType.FLOAT32), ("b", DType.FLOAT32), ("y", DType.FLOAT32), ("s", DType.FLOAT32),
+                        ("y_q", DType.INT8), ("z", DType.FLOAT32)):
+        net.add_tensor(name, dtype, (6, D))
+    g = torch.Generator().manual_seed(1)
+    net.add_constant("gamma", torch.rand(D, generator=g) + 0.5)
+    net.add_constant("beta", torch.randn(D, generator=g))
+    net.add_constant("s_y", torch.tensor(0.02, dtype=torch.float32))
+    net.inputs, net.outputs = ["a", "b"], ["z", "y"]
+    net.layers = [Layer("ln", "AddLayerNorm", ["a", "b", "gamma", "beta"], ["y", "s"],
+                        {"axis": -1, "epsilon": 1e-5, "stash_type": 1}),
+                  Layer("q", "QuantizeLinear", ["y", "s_y"], ["y_q"], {"axis": 1, "block_size": 0, "saturate": True,
+                                                                       "output_dtype": DType.INT8, "precision": None}),
+                  Layer("dq", "DequantizeLinear", ["y_q", "s_y"], ["z"], {"axis": 1, "block_size": 0,
+                                                                          "output_dtype": DType.FLOAT32})]
+    verify_network(net)
+    return net
+
+
+def test_pass_folds_the_quantize_into_the_add_layernorm_before_it():
+    """before ⇒ after, as the pass's docstring shows it, and the same outputs bit for bit."""
+    before = _add_layernorm_quantize()
+    after, ctx = apply(before, fold_quantize)
+    assert kinds(before) == ["AddLayerNorm", "QuantizeLinear", "DequantizeLinear"]
+    assert kinds(after) == ["AddLayerNorm", "DequantizeLinear"]
+    ln = after.layers[0]
+    assert ln.outputs == ["y", "s", "y_q"] and ln.attrs["q_dtype"] is DType.INT8
+    assert ln.attrs["q_scale"] == float(torch.tensor(0.02, dtype=torch.float32))
+    assert ctx.log["fold_quantize"] == 1 and ctx.log["fold_quantize.layers"] == 1
+    feeds = {k: RNG.standard_normal((6, D)).astype(np.float32) for k in ("a", "b")}
+    assert_same_outputs(before, after, feeds, rtol=0, atol=0)
+    again, ctx = apply(after, fold_quantize)  # nothing left to fold
+    assert kinds(again) == kinds(after) and "fold_quantize" not in ctx.log
+
+
+def test_pass_leaves_a_quantize_with_a_zero_point_or_a_network_output():
+    net = _add_layernorm_quantize()
+    net.outputs.append("y_q")
+    assert kinds(apply(net, fold_quantize)[0]) == kinds(net)
+    net = _add_layernorm_quantize()
+    net.add_constant("zp", torch.tensor(3, dtype=torch.int8))
+    net.layers[1].inputs.append("zp")
+    assert kinds(apply(net, fold_quantize)[0]) == kinds(net)
 
 
 def test_folded_quantize_is_the_quantize_of_the_normalized_output():

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.engine.engine import Engine
+from kiln.runtime.engine import Engine
 from kiln.ir import DType
 from kiln.kernels import int8_gemm_chain
 from kiln.kinds import run_reference
 from kiln.kinds.quantized import second_attrs
+from kiln.passes import BuildTarget, PassContext
 from kiln.quant.budget import copy_network
 from kiln.quant.fuse_conv_chain import fuse_conv_chain
 from kiln.tactics import registry
@@ -60,6 +61,15 @@ def _build(tmp_path):
                                                          calib=str(tmp_path / "calib.npz"))), x
 
 
+def fused_chains(net, fits) -> int:
+    """Run the pass as the build does, on a Hopper build target whose chain kernel takes what `fits` says; how
+    many chains it fused."""
+    ctx = PassContext(target=BuildTarget(quantized=True, int8_conv_kernels=True, int8_chain_fits=fits))
+    changed = fuse_conv_chain(net, ctx)
+    assert changed == bool(ctx.log.get("fuse_conv_chain.layers"))
+    return ctx.log.get("fuse_conv_chain.layers", 0)
+
+
 def test_chain_reference_is_the_two_convs():
     g = torch.Generator().manual_seed(0)
     spec, inputs, (y, z) = _chain_case(g)
@@ -83,7 +93,11 @@ def test_pass_fuses_each_block_s_last_conv_with_the_next_block_s_first(tmp_path)
     assert not any(la.kind == "QuantConvChain" for la in engine.network.layers)
     net = copy_network(engine.network)
     before = {la.name: la for la in net.layers}
-    assert fuse_conv_chain(net, ANY) == 2  # block 0 → block 1, block 1 → block 2
+    assert fused_chains(net, ANY) == 2  # block 0 → block 1, block 1 → block 2
+    # before ⇒ after: each pair of convs becomes one QuantConvChain in the first's place, the second gone
+    kinds = [la.kind for la in net.layers]
+    assert kinds.count("QuantConvChain") == 2 and len(kinds) == len(before) - 2
+    assert [la.kind for la in before.values()].count("QuantConv") - kinds.count("QuantConv") == 4
     chains = [la for la in net.layers if la.kind == "QuantConvChain"]
     for chain in chains:
         first, second = (before[n] for n in chain.name.split("+"))
@@ -118,11 +132,11 @@ def test_pass_fuses_a_stride_one_pair_with_the_next_block_s_first_conv(tmp_path)
     engine = kiln.build(path, kiln.BuildConfig.with_shapes({"x": x.shape}, device="cpu", calibrator="minmax",
                                                            int8=True, calib=str(tmp_path / "calib.npz")))
     paired = copy_network(engine.network)
-    assert fuse_conv_pair(paired) == 1
+    assert fuse_conv_pair(paired, PassContext(target=BuildTarget(quantized=True, int8_conv_kernels=True)))
     pair = next(la for la in paired.layers if la.kind == "QuantConvPair")
     chained = copy_network(paired)
     seen = []
-    assert fuse_conv_chain(chained, lambda *shape: seen.append(shape) or True) == 1
+    assert fused_chains(chained, lambda *shape: seen.append(shape) or True) == 1
     assert seen[0] == (16, 32, 16, False, 16)  # (K, N, N2, residual, the shortcut's K)
     chain = next(la for la in chained.layers if la.kind == "QuantConvChain")
     assert chain.name.startswith(pair.name + "+") and chain.inputs[:4] == pair.inputs[:4] and not chain.inputs[4]
@@ -133,15 +147,15 @@ def test_pass_fuses_a_stride_one_pair_with_the_next_block_s_first_conv(tmp_path)
 
 def test_pass_leaves_what_the_kernel_cannot_take(tmp_path):
     engine, _ = _build(tmp_path)
-    assert fuse_conv_chain(copy_network(engine.network), lambda *shape: False) == 0
+    assert fused_chains(copy_network(engine.network), lambda *shape: False) == 0
     seen = []
-    fuse_conv_chain(copy_network(engine.network), lambda *shape: seen.append(shape) or False)
+    fused_chains(copy_network(engine.network), lambda *shape: seen.append(shape) or False)
     assert seen and all(shape == (8, 16, 8, True, 0) for shape in seen)  # (K, N, N2, residual, KX)
     net = copy_network(engine.network)
     for la in net.layers:  # the second conv reading at another scale than the first wrote
         if la.kind == "QuantConv" and la.attrs.get("x_scale") is not None:
             la.attrs["x_scale"] *= 1.5
-    assert fuse_conv_chain(net, ANY) == 0
+    assert fused_chains(net, ANY) == 0
 
 
 @pytest.mark.parametrize("residual,bias2,kx", [(True, True, 0), (False, False, 0), (False, True, 48)])
@@ -231,7 +245,7 @@ def test_gpu_chain_kernel_gives_the_reference_bits(k, n, n2, pixels, residual, k
         pytest.skip("needs a Hopper GPU (wgmma, TMA)")
     if not int8_gemm_chain.available():
         pytest.skip("this triton has no Gluon")
-    from kiln.builder.device import Device
+    from kiln.target.device import Device
     dev = Device("cuda", "cuda", "cuda:0")
     g = torch.Generator().manual_seed(3)
     spec, inputs, want = _chain_case(g, pixels, k, n, n2, device="cuda", residual=residual, kx=kx)

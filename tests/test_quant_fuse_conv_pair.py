@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.engine.engine import Engine
+from kiln.runtime.engine import Engine
 from kiln.ir import DType
 from kiln.kernels import int8_conv_pair
 from kiln.kinds import run_reference
+from kiln.passes import BuildTarget, PassContext
 from kiln.quant.budget import copy_network
 from kiln.quant.fuse_conv_pair import fuse_conv_pair
 from kiln.tactics import registry
@@ -58,6 +59,14 @@ def _residual_pair(net):
     return net.producers()[reader.inputs[4]], reader
 
 
+def fused_pairs(net) -> int:
+    """Run the pass as the build does, on a Hopper build target; how many pairs it fused."""
+    ctx = PassContext(target=BuildTarget(quantized=True, int8_conv_kernels=True))
+    changed = fuse_conv_pair(net, ctx)
+    assert changed == bool(ctx.log.get("fuse_conv_pair.layers"))
+    return ctx.log.get("fuse_conv_pair.layers", 0)
+
+
 def test_pair_reference_is_the_first_conv_with_the_second_as_an_fp32_residual():
     g = torch.Generator().manual_seed(0)
     spec, inputs, want = _pair_case(g)
@@ -74,7 +83,11 @@ def test_pass_fuses_the_projection_shortcut_into_the_block_s_last_conv(tmp_path)
     assert not any(la.kind == "QuantConvPair" for la in engine.network.layers)
     inner, outer = _residual_pair(engine.network)
     net = copy_network(engine.network)
-    assert fuse_conv_pair(net) == 1  # the identity block's residual is the projection's output, read twice
+    # before ⇒ after: the shortcut conv goes, the conv adding it becomes a QuantConvPair in its place
+    want = [(la.name, "QuantConvPair" if la.name == outer.name else la.kind) for la in net.layers
+            if la.name != inner.name]
+    assert fused_pairs(net) == 1  # the identity block's residual is the projection's output, read twice
+    assert [(la.name, la.kind) for la in net.layers] == want
     pair = next(la for la in net.layers if la.kind == "QuantConvPair")
     assert pair.name == outer.name and pair.inputs[:4] == outer.inputs[:4] and pair.inputs[4:] == inner.inputs[:4]
     assert pair.attrs["strides"] != pair.attrs["strides2"]  # one of them the strided shortcut
@@ -92,10 +105,10 @@ def test_pass_leaves_a_residual_with_another_reader_or_an_activation(tmp_path):
     inner, _ = _residual_pair(engine.network)
     net = copy_network(engine.network)
     net.outputs.append(inner.outputs[0])  # read by the user too: it must still be written
-    assert fuse_conv_pair(net) == 0
+    assert fused_pairs(net) == 0
     net = copy_network(engine.network)
     next(la for la in net.layers if la.name == inner.name).attrs["activation"] = "Relu"
-    assert fuse_conv_pair(net) == 0
+    assert fused_pairs(net) == 0
 
 
 @pytest.mark.parametrize("size,strides2", [(4, (2, 2)), (5, (2, 2)), (3, (1, 1))])
@@ -165,7 +178,7 @@ def test_gpu_pair_kernel_gives_the_reference_bits(size, strides2, c, c2):
         pytest.skip("needs a Hopper GPU (wgmma, TMA)")
     if not int8_conv_pair.available():
         pytest.skip("this triton has no Gluon")
-    from kiln.builder.device import Device
+    from kiln.target.device import Device
     dev = Device("cuda", "cuda", "cuda:0")
     g = torch.Generator().manual_seed(3)
     spec, inputs, want = _pair_case(g, size=size, c=c, c2=c2, co=128, strides2=strides2, device="cuda")

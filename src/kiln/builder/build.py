@@ -1,4 +1,7 @@
-"""The build pipeline: load → import → passes → plan memory → Engine, with progress callbacks."""
+"""The build pipeline: load → import → passes → precision → tune → Engine, with progress callbacks.
+
+The Engine class lives in the runtime, a layer above: `Engine.build` (kiln.build) hands it in as `make_engine`.
+"""
 
 from __future__ import annotations
 
@@ -6,39 +9,40 @@ import math
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Any, Callable
 
 import onnx
 import torch
 
 from kiln.builder.autotune import tune
-from kiln.builder.device import Device, detect
+from kiln.target.device import Device, detect
 from kiln.builder.specialize import needs_specialization, observe_shapes, specialize_shapes
 from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
-from kiln.engine import Engine
 from kiln.errors import ConfigError, ResourceLimitError
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.ir import Network
-from kiln.passes import PassContext, default_passes, run_passes
+from kiln.kinds.verify import verify_network
+from kiln.passes import BuildTarget, PassContext, run_passes
+from kiln.passes.registry import Stage
 from kiln.quant import apply_precision
 from kiln.kinds.qtype import QTYPES
 from kiln.quant.budget import copy_network, time_engines
 from kiln.quant.fp8 import check_fp8
 from kiln.quant.int8 import apply_int8
-from kiln.quant.fold_quantize import fold_quantize
-from kiln.quant.fuse_conv_chain import fuse_conv_chain
-from kiln.quant.fuse_conv_pair import fuse_conv_pair
 from kiln.quant.int8_fp16 import int8_fp16_io
 from kiln.quant.int8_stage import quantize_int8
+from kiln.quant.pipeline import build_passes
 from kiln.quant.scheme import QuantScales, TensorScale
 from kiln.quant.qdq import absorb_qdq, has_qdq
-from kiln.runtime.context import to_device
+from kiln.kinds.interpret import to_device
 from kiln.tactics import triton_int8_chain, triton_int8_pair
-from kiln.tactics.hardware_compat import HardwareCompat
+from kiln.target.hardware_compat import HardwareCompat
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+# (network, config, device, *, source_sha256=, build_info=, tactics=) → the engine (kiln.runtime.Engine)
+EngineFactory = Callable[..., Any]
 
 STAGES = ("load", "import", "optimize", "specialize", "precision", "tune", "plan")
 
@@ -94,6 +98,17 @@ def memory_budget(device: Device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def pass_target(config: BuildConfig, device: Device) -> BuildTarget:
+    """What the gated passes (quant/pipeline.py) need to know of this build: whether it is quantized and, if so,
+    whether the device runs the Gluon int8 1x1 conv pair and chain kernels (a Hopper GPU) and which chains the
+    chain kernel takes. Asked of those kernels' tactics here, so that no pass depends on a tactic module."""
+    if not (config.int8 or config.fp8):
+        return BuildTarget()
+    if not triton_int8_pair.fast_on(device):
+        return BuildTarget(quantized=True)
+    return BuildTarget(quantized=True, int8_conv_kernels=True, int8_chain_fits=triton_int8_chain.fits(device))
+
+
 def opt_tensor_shapes(net: Network, config: BuildConfig, device: Device) -> dict[str, tuple] | None:
     """For a GPU build with symbolic shapes: every tensor's shape when the inputs take the first profile's opt
     shapes, so that the autotuner checks and times those layers there; None when there is nothing to observe."""
@@ -118,10 +133,11 @@ def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
 
 def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfig | None = None,
           progress: Progress | None = None, calib_data=None, validation_data=None,
-          base_dir: str | os.PathLike | None = None) -> Engine:
+          base_dir: str | os.PathLike | None = None, *, make_engine: EngineFactory):
     """Build an engine for the best device present (or `config.device`) from an ONNX model.
 
     `base_dir`: the folder holding the external data of a model given as bytes or a ModelProto.
+    `make_engine`: the Engine class (or a factory like it) the tuned network is made into.
     """
     if not isinstance(model, (str, os.PathLike, bytes, bytearray, onnx.ModelProto)):
         raise ConfigError(f"kiln.build: model must be an .onnx file path, the model's bytes or an onnx.ModelProto, "
@@ -154,18 +170,18 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     net = stage("import", lambda: import_onnx(loaded.proto))
     onnx_nodes = len(loaded.proto.graph.node)
     imported_layers = len(net.layers)
-    pctx = PassContext(fold_budget_bytes=config.fold_budget_bytes)
+    pctx = PassContext(fold_budget_bytes=config.fold_budget_bytes, target=pass_target(config, ctx.device))
     quantize = config.int8 or config.fp8
     qdq = absorb_qdq(net) if quantize and has_qdq(net) else None
     if not quantize and has_qdq(net):
         ctx.notes.append("the model has Q/DQ nodes: they run as written, in float; add --int8 to run its "
                          "quantized layers as int8")
-    net = stage("optimize", lambda: run_passes(net, default_passes(), pctx))
+    net = stage("optimize", lambda: run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx))
     if needs_specialization(net):
         learned = stage("specialize", lambda: specialize_shapes(net, ctx.device.torch_device))
         if learned:
             ctx.notes.append(f"shapes: {learned} tensors' shapes learned from one run with the fixed input shapes")
-            run_passes(net, default_passes(), pctx)
+            run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx)
     int8_info: dict = {}  # the int8 or fp8 rewrite's record (its "qtype" says which)
     before_int8: list[Network] = []  # the float network, kept to time the all-int8 engine a budget deviates from
 
@@ -179,8 +195,9 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         cuda_int8 = quantize and ctx.device.backend == "cuda" and not config.bf16
         notes += apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
         notes += int8_fp16_io(net) if quantize and (cuda_int8 or config.fp16) else []
-        folded = fold_quantize(net) if quantize else 0
-        paired, chained = _fuse_int8_convs(net, ctx.device) if quantize else (0, 0)
+        run_passes(net, build_passes(pctx.target, Stage.PRECISION), pctx)
+        folded, paired, chained = (pctx.log.get(f"{p}.layers", 0) for p in ("fold_quantize", "fuse_conv_pair",
+                                                                           "fuse_conv_chain"))
         return notes + ([f"{folded} QuantizeLinear layers folded into the add+LayerNorm before them"] if folded
                         else []) + ([f"{paired} int8 1x1 convs fused with the 1x1 conv that adds them (a "
                                      "bottleneck's last conv and its downsample)"] if paired else []) + \
@@ -188,7 +205,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
               "next block's first)"] if chained else [])
 
     ctx.notes += stage("precision", precision)
-    net.verify()
+    verify_network(net)
     info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,
             "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}
     if int8_info:
@@ -200,25 +217,18 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
                                          ctx.progress, config.workspace_bytes, shapes))
     if cache is not None:
         info["timing_cache"] = {"path": str(cache.path), "hits": cache.hits, "misses": cache.misses}
-    engine = stage("plan", lambda: Engine(net, config, ctx.device, source_sha256=loaded.sha256, build_info=info,
-                                          tactics=choices))
+    engine = stage("plan", lambda: make_engine(net, config, ctx.device, source_sha256=loaded.sha256,
+                                               build_info=info, tactics=choices))
     engine.build_info["tactics"] = engine.tactic_summary()
     if "budget" in int8_info:
-        int8_info["budget"]["cost"] = _fallback_cost(engine, before_int8, int8_info, cache)
+        int8_info["budget"]["cost"] = _fallback_cost(engine, before_int8, int8_info, cache, make_engine)
     engine.build_info["stage_seconds"] = ctx.timings
     engine.build_info["build_seconds"] = time.perf_counter() - t0
     ctx.progress("done", len(STAGES), len(STAGES))
     return engine
 
 
-def _fuse_int8_convs(net: Network, device) -> tuple[int, int]:
-    """Where the Gluon kernels run (Hopper): the 1x1 conv pairs, then the 1x1 conv chains; how many of each."""
-    if not triton_int8_pair.fast_on(device):
-        return 0, 0
-    return fuse_conv_pair(net), fuse_conv_chain(net, triton_int8_chain.fits(device))
-
-
-def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -> dict:
+def _fallback_cost(engine, before: list[Network], record: dict, cache, make_engine: EngineFactory) -> dict:
     """What the accuracy budget's float layers cost: the chosen engine vs the all-int8 one, timed (CUDA only)."""
     budget = record["budget"]
     if not budget["fallbacks"]:
@@ -234,10 +244,10 @@ def _fallback_cost(engine: Engine, before: list[Network], record: dict, cache) -
     apply_precision(net, replace(config, fp16=not config.bf16))
     if not config.bf16:
         int8_fp16_io(net)
-    fold_quantize(net)
-    _fuse_int8_convs(net, engine.device)
+    target = pass_target(config, engine.device)
+    run_passes(net, build_passes(target, Stage.PRECISION), PassContext(target=target))
     weights = {k: to_device(v, engine.device.torch_device) for k, v in net.constants.items()}
     choices = tune(net, weights, engine.device, config.opt_level, config.tf32, cache, lambda *a: None,
                    config.workspace_bytes)
-    all_int8 = Engine(net, config, engine.device, tactics=choices)
+    all_int8 = make_engine(net, config, engine.device, tactics=choices)
     return time_engines({"chosen": engine, "all_int8": all_int8})

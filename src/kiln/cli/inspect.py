@@ -17,9 +17,10 @@ from rich.table import Table
 from kiln.cli.errors import command, one_line
 from kiln.cli.options import Json, Verbose, is_onnx
 from kiln.cli.output import add_row, fmt_arena, fmt_bytes, key_values, print_json, stdout
+from kiln.quant.pipeline import PIPELINE
 from kiln.quant.report import layer_precisions, size_breakdown
 from kiln.engine import plan
-from kiln.engine.safe_json import printable
+from kiln.util.safe_json import printable
 from kiln.engine.serialize import network_from_json
 from kiln.errors import ConfigError, ModelError, UnsupportedOpError
 from kiln.frontend.onnx import import_onnx, load_onnx
@@ -150,7 +151,14 @@ def describe_onnx(path: Path) -> dict:
             "outputs": [_value(vi) for vi in graph.output], "ops": ops,
             "unsupported": [o["op"] for o in ops if not o["supported"]],
             "fusions": planned_fusions(path) if all(o["supported"] for o in ops) else
-            {"error": "not computed: the model has ops kiln cannot import"}}
+            {"error": "not computed: the model has ops kiln cannot import"},
+            "pass_pipeline": pass_pipeline()}
+
+
+def pass_pipeline() -> list[dict]:
+    """The ordered passes a build runs (quant/pipeline.py): the float graph passes, then the precision passes,
+    each with its stage and the build flags or device under which it runs."""
+    return [{"pass": s.name, "stage": s.stage.value, "runs": s.condition} for s in PIPELINE]
 
 
 def planned_fusions(path: Path) -> dict:
@@ -276,6 +284,12 @@ def print_onnx(d: dict) -> None:
         stdout().print(table)
         if f["passes"]:
             stdout().print("passes: " + ", ".join(f"{k} ×{n}" for k, n in f["passes"].items()), markup=False)
+    table = Table(title="Passes a build runs, in order (to a fixpoint within each stage)", title_justify="left")
+    for col in ("#", "pass", "stage", "runs"):
+        table.add_column(col)
+    for k, step in enumerate(d["pass_pipeline"]):
+        add_row(table, k, step["pass"], step["stage"], step["runs"])
+    stdout().print(table)
     if d["unsupported"]:
         stdout().print(f"kiln cannot import {', '.join(d['unsupported'])}: building this model will fail; "
                        "supply them with kiln.plugins.register_op", markup=False)

@@ -1,6 +1,7 @@
-"""Graph passes, one per file; `default_passes()` is the order the builder runs them in."""
+"""Graph passes, one per file; `default_passes()` is the order the builder runs the float ones in (the full list,
+with the precision passes gated on the build target, is quant/pipeline.py's)."""
 
-from kiln.passes.manager import PassContext, run_passes
+from kiln.passes.manager import BuildTarget, PassContext, run_passes
 
 
 def default_passes():
@@ -10,4 +11,4 @@ def default_passes():
     return list(registry.DEFAULT)
 
 
-__all__ = ["PassContext", "default_passes", "run_passes"]
+__all__ = ["BuildTarget", "PassContext", "default_passes", "run_passes"]

@@ -1,6 +1,11 @@
-"""The ordered list of passes a default build runs (each pass lives in its own module)."""
+"""The ordered list of passes a default build runs (each pass lives in its own module), and `Step`: one entry of a
+build's full pass list (quant/pipeline.py), gated on the build target."""
 
 from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
 
 from kiln.passes.eliminate_common import eliminate_common
 from kiln.passes.eliminate_dead import eliminate_dead
@@ -14,6 +19,7 @@ from kiln.passes.fuse_gemm_epilogue import fuse_gemm_epilogue
 from kiln.passes.fuse_layernorm import fuse_layernorm
 from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
 from kiln.passes.fuse_sibling_gemms import fuse_sibling_gemms
+from kiln.passes.manager import BuildTarget, Pass
 
 # Folding first (BatchNorm must be folded into its Conv before the conv epilogue is fused); the
 # decomposed-LayerNorm and attention patterns before the epilogue fusions that would take their
@@ -24,3 +30,38 @@ from kiln.passes.fuse_sibling_gemms import fuse_sibling_gemms
 DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm,
                  fuse_layernorm, fuse_attention, fuse_conv_epilogue, fuse_gemm_epilogue, fuse_sibling_gemms,
                  eliminate_dead, fuse_pointwise_chain, eliminate_common]
+
+
+class Stage(enum.Enum):
+    """When in a build a pass runs: on the float network, or after the precision stage has assigned dtypes and
+    made quantized layers (the passes that rewrite those)."""
+
+    OPTIMIZE = "optimize"
+    PRECISION = "precision"
+
+
+def _always(target: BuildTarget) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Step:
+    """One entry of a build's ordered pass list: the pass, the stage that runs it, and the condition on the build
+    target under which it runs, as a predicate and in words (`kiln inspect` prints them)."""
+
+    run: Pass
+    stage: Stage = Stage.OPTIMIZE
+    when: Callable[[BuildTarget], bool] = _always
+    condition: str = "always"
+
+    @property
+    def name(self) -> str:
+        return self.run.__name__
+
+
+STEPS: list[Step] = [Step(p) for p in DEFAULT]
+
+
+def select(steps: list[Step], target: BuildTarget, stage: Stage) -> list[Pass]:
+    """The passes of `steps` that `stage` runs for `target`, in order."""
+    return [s.run for s in steps if s.stage is stage and s.when(target)]
