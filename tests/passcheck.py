@@ -7,9 +7,9 @@ import copy
 import numpy as np
 import onnx
 
-from kiln.builder import detect
+from kiln.target import detect
 from kiln.config import BuildConfig
-from kiln.engine import Engine
+from kiln.runtime import Engine
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.ir import Network
 from kiln.passes import PassContext, run_passes

@@ -238,7 +238,7 @@ def test_sdpa_offers_fp32_only_the_backends_that_take_fp32():
 def test_gpu_every_sdpa_config_runs_every_shape(dtype, backend):
     """A backend that cannot take a shape (flash: fp32; cuDNN: sequence length 1; efficient fp16: head size 4)
     hands it to the math kernel instead of failing with "No available kernel"."""
-    from kiln.builder.device import detect
+    from kiln.target.device import detect
     from kiln.kinds import run_reference
 
     spec = _attention_spec(dtype, 4)
@@ -255,7 +255,7 @@ def test_gpu_every_sdpa_config_runs_every_shape(dtype, backend):
 @pytest.mark.parametrize("config", [{"backend": "flash"}, {"backend": "efficient"}, {"backend": "cudnn"}])
 def test_gpu_every_fused_sdpa_config_runs_small_fp32_heads(config):
     """FusedAttention (BERT's attention once fused) at head size 4, fp32, with an additive mask."""
-    from kiln.builder.device import detect
+    from kiln.target.device import detect
     from kiln.ir import DType
     from kiln.kinds import run_reference
     from kiln.tactics.spec import LayerSpec, ValueSpec

@@ -14,16 +14,16 @@ from onnx import TensorProto as T, helper
 from typer.testing import CliRunner
 
 import kiln
-from kiln.builder.device import Device, detect
+from kiln.target.device import Device, detect
 from kiln.builder.timing_cache import CachedChoice, TimingCache, environment_key
 from kiln.cli.app import app
 from kiln.engine import compat, plan as planfile, retune as retune_mod
 from kiln.engine.compat import CompatibilityWarning, Policy
-from kiln.engine.safe_json import load_json, loads_json
+from kiln.util.safe_json import load_json, loads_json
 from kiln.errors import ConfigError, EngineCompatibilityError, PlanError
 from kiln.kernels import gemm
 from kiln.tactics import registry
-from kiln.tactics.hardware_compat import PORTABLE_SMEM, HardwareCompat, smem_budget
+from kiln.target.hardware_compat import PORTABLE_SMEM, HardwareCompat, smem_budget
 
 
 def _model():
@@ -297,8 +297,8 @@ def test_gpu_portable_build_keeps_triton_configs_within_48k_and_retunes(tmp_path
 def test_a_tactic_this_gpu_cannot_run_falls_back_to_the_reference_with_a_note():
     """A plan's tactic whose supports() refuses the layer here (fp8 on a GPU without fp8, a tactic a newer kiln
     narrowed) runs the reference, says so in load_notes, and gives the reference's result."""
-    from kiln.builder.autotune import Choice
-    from kiln.engine import Engine
+    from kiln.tactics.choice import Choice
+    from kiln.runtime import Engine
     from kiln.ir import DType, Layer, Network
 
     net = Network("n")

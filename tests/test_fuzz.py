@@ -22,7 +22,7 @@ from onnx import TensorProto as T, helper, numpy_helper
 
 import kiln
 from kiln.engine import plan as planfile
-from kiln.engine.safe_json import loads_json
+from kiln.util.safe_json import loads_json
 from kiln.errors import KilnError
 
 EXAMPLES = int(os.environ.get("KILN_FUZZ_EXAMPLES", "150"))

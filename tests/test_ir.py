@@ -16,6 +16,7 @@ import kiln
 from kiln.engine.serialize import MAX_DEPTH, network_from_json, network_to_json
 from kiln.errors import InternalError, ModelError, PlanError
 from kiln.ir import DType, Layer, Network, Tensor
+from kiln.kinds.verify import verify_network
 from kiln.runtime.memory_plan import plan_memory
 
 
@@ -62,17 +63,17 @@ def test_printer_shows_bodies_nested():
 
 def test_verify_checks_body_arity_and_bodies():
     net = _if_network()
-    net.verify()
+    verify_network(net)
     net.layers[0].attrs["else_branch"].inputs.pop()
     with pytest.raises(InternalError, match="body 'else_branch' has 1 inputs"):
-        net.verify()
+        verify_network(net)
     net = _if_network()
     net.layers[0].attrs["then_branch"].layers[0].inputs[0] = "nowhere"
     with pytest.raises(InternalError, match="reads 'nowhere'"):
-        net.verify()
+        verify_network(net)
     net.layers[0].attrs["then_branch"] = "not a network"
     with pytest.raises(InternalError, match="not a network"):
-        net.verify()
+        verify_network(net)
 
 
 def test_nested_networks_and_string_constants_round_trip():

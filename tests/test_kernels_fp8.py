@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 import kiln  # noqa: E402
 from kiln.builder.autotune import _close, _random_input, fp8_slack  # noqa: E402
-from kiln.builder.device import Device  # noqa: E402
+from kiln.target.device import Device  # noqa: E402
 from kiln.ir import DType  # noqa: E402
 from kiln.kinds import run_reference  # noqa: E402
 from kiln.tactics import registry  # noqa: E402

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kiln.builder.autotune import TOLERANCE  # noqa: E402
-from kiln.builder.device import Device  # noqa: E402
+from kiln.target.device import Device  # noqa: E402
 from kiln.ir import DType  # noqa: E402
 from kiln.kernels import common, gemm  # noqa: E402
 from kiln.kinds import run_reference  # noqa: E402

@@ -112,7 +112,7 @@ def test_gpu_halo_conv_is_bit_exact(res):
 def test_gpu_s2d_halo_stem_is_bit_exact():
     """ResNet's 7x7 / stride-2 stem on a ragged 3-channel image through triton_int8_conv_s2d_halo (space-to-depth,
     then the halo conv's 4x1 conv over S's overlapping rows by TMA): the pointer stem's bits."""
-    from kiln.builder.device import detect
+    from kiln.target.device import detect
     from kiln.tactics import registry
     from test_kernels_int8 import EPI, _i8, _spec
     _needs_hopper()

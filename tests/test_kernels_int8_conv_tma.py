@@ -118,7 +118,7 @@ def test_gpu_conv_tma_resnet_shape():
     autotuner's tolerance of the reference (TMA's zero fill is the padding)."""
     from test_kernels_int8 import EPI, _conv_case, _spec
     from kiln.builder.autotune import _close
-    from kiln.builder.device import Device
+    from kiln.target.device import Device
     from kiln.tactics import registry
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs a Hopper GPU (TMA)")

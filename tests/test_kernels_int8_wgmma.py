@@ -6,7 +6,7 @@ shared memory, and, on a Hopper GPU, the reference's bits."""
 import pytest
 import torch
 
-from kiln.builder.device import Device
+from kiln.target.device import Device
 from kiln.kernels import int8_gemm, int8_gemm_wgmma
 from kiln.tactics import registry
 from test_kernels_int8 import EPI, _i8, _spec

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.builder.autotune import Choice
-from kiln.builder.device import Device, detect
-from kiln.engine import Engine
+from kiln.tactics.choice import Choice
+from kiln.target.device import Device, detect
+from kiln.runtime import Engine
 from kiln.ir import DType, Layer, Network
 from kiln.runtime.memory_plan import plan_memory
 from kiln.tactics import registry

@@ -12,9 +12,9 @@ import torch
 from onnx import TensorProto as T, helper, numpy_helper
 
 import kiln
-from kiln.builder import detect
+from kiln.target import detect
 from kiln.config import BuildConfig
-from kiln.engine import Engine
+from kiln.runtime import Engine
 from kiln.errors import ConfigError, InputError
 from kiln.ir import DType
 from kiln.passes import PassContext, default_passes, run_passes

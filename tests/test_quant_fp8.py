@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 import kiln
-from kiln.builder.device import Device
+from kiln.target.device import Device
 from kiln.cli.app import app
 from kiln.errors import ConfigError
 from kiln.kinds import run_reference

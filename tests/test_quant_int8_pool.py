@@ -83,8 +83,8 @@ def test_a_pool_that_is_a_network_output_stays_float(tmp_path):
 def test_stem_on_the_space_to_depth_tactic_matches_the_reference_bit_exactly(tmp_path):
     """The stem conv (5x5/2 on 3 channels) through triton_int8_conv_s2d (two tiles), the rest through the Triton
     tactics: the reference engine's bits."""
-    from kiln.builder.autotune import Choice
-    from kiln.engine import Engine
+    from kiln.tactics.choice import Choice
+    from kiln.runtime import Engine
     from kiln.tactics import registry
     from kiln.tactics.spec import layer_spec
     from test_memory_plan import GPU_LIKE

@@ -7,7 +7,8 @@ import torch
 from onnx import TensorProto as T, helper, numpy_helper
 
 import kiln
-from kiln.builder.autotune import Choice, _close
+from kiln.builder.autotune import _close
+from kiln.tactics.choice import Choice
 from kiln.tactics import registry
 from kiln.tactics.registry import Tactic
 
@@ -53,7 +54,7 @@ def test_correctness_check_rejects_wrong_results():
 
 
 def test_registry_offers_cuda_tactics_only_on_cuda():
-    from kiln.builder.device import detect
+    from kiln.target.device import detect
     from kiln.tactics.spec import layer_spec
 
     engine = kiln.build(_model(), kiln.BuildConfig(device="cpu"))
@@ -130,7 +131,7 @@ def test_torch_pool_tactics_match_reference_on_cpu(kind, attrs):
 def test_gpu_tactic_timing_counts_device_time_not_host_launch_cost():
     import time
 
-    from kiln.builder.autotune import _time
+    from kiln.util.timing import device_time_us as _time
 
     x = torch.ones(1024, device="cuda")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.builder.autotune import Choice
-from kiln.builder.device import Device
-from kiln.engine import Engine
+from kiln.tactics.choice import Choice
+from kiln.target.device import Device
+from kiln.runtime import Engine
 from kiln.ir import DType
 from kiln.kinds import run_reference
 from kiln.tactics import registry

@@ -1,11 +1,19 @@
 """kiln: an inference optimizer that turns ONNX models into fast engines for the device at hand."""
 
-from kiln.builder import build
 from kiln.config import BuildConfig, ShapeRange
-from kiln.engine import Engine
 from kiln.errors import (ConfigError, EngineCompatibilityError, InputError, InternalError, KilnError, ModelError,
                          PlanError, UnsupportedOpError)
+from kiln.runtime import Engine
 from kiln.version import __version__
+
+
+def build(model, config: BuildConfig | None = None, progress=None, calib_data=None, validation_data=None,
+          base_dir=None) -> Engine:
+    """Build an engine for the best device present (or `config.device`) from an ONNX model: a path, its bytes or an
+    onnx.ModelProto. `progress(stage, done, total)` is called as the build goes; `calib_data` / `validation_data`
+    feed --int8/--fp8 calibration and the accuracy budget; `base_dir`: the folder holding the external data of a
+    model given as bytes or a ModelProto."""
+    return Engine.build(model, config, progress, calib_data, validation_data, base_dir)
 
 
 def load(path, policy: str = "strict", *, verify_key=None, timing_cache=None) -> Engine:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from kiln.errors import ConfigError
-from kiln.tactics.hardware_compat import HardwareCompat
+from kiln.target.hardware_compat import HardwareCompat
 
 Shape = tuple[int, ...]
 MAX_DIM = 2**63 - 1  # a dimension must fit in int64, as ONNX and torch store it

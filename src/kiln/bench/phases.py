@@ -14,7 +14,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from kiln.runtime.context import ExecutionContext, to_host
+from kiln.kinds.interpret import to_host
+from kiln.runtime.context import ExecutionContext
+from kiln.util.timing import cuda_event
 
 
 @dataclass(frozen=True)
@@ -57,21 +59,6 @@ class CpuQuery:
         return lambda: times
 
 
-def sleep_cycles_per_ms() -> float | None:
-    """How many clock cycles `torch.cuda._sleep` spins per millisecond on the current device (None without it)."""
-    sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is None:
-        return None
-    sleep(1000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    sleep(1_000_000)
-    end.record()
-    end.synchronize()
-    ms = start.elapsed_time(end)
-    return 1_000_000 / ms if ms > 0 else None
-
-
 class CudaQuery:
     """A query on a CUDA context, issued on the current stream (the caller makes it the context's stream).
 
@@ -96,9 +83,9 @@ class CudaQuery:
 
     def __call__(self, origin: float) -> Pending:
         ctx = self.ctx
-        start, uploaded, computed = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start, uploaded, computed = (cuda_event() for _ in range(3))
         # a blocking-sync event lets the host thread sleep while it waits; --spin-wait polls instead
-        done = torch.cuda.Event(enable_timing=True, blocking=not self.spin_wait)
+        done = cuda_event(blocking=not self.spin_wait)
         t0 = time.perf_counter()
         tensors, as_numpy = ctx.check(self.feeds)
         self._prime()

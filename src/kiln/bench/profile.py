@@ -2,23 +2,22 @@
 
 A separate run from the headline measurement: timing each layer adds a clock read (or two CUDA events)
 per layer and runs eagerly, without the CUDA graph. On CUDA each layer is queued behind a GPU spin
-(the autotuner's LAUNCH_COVER_CYCLES), so its events see the kernels' device time, not the host's launch
+(kiln.util.timing's LAUNCH_COVER_CYCLES, as the autotuner), so its events see the kernels' device time, not the host's launch
 cost, which a graph replay never pays; the sum then comes close to the engine's latency.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 
-from kiln.builder.autotune import LAUNCH_COVER_CYCLES
 from kiln.errors import ConfigError
-from kiln.runtime.context import to_device
+from kiln.kinds.interpret import to_device
 from kiln.runtime.io import as_torch
+from kiln.util.timing import LAUNCH_COVER_CYCLES, clock as make_clock
 
 
 @dataclass(frozen=True)
@@ -87,12 +86,13 @@ def profile_layers(engine, feeds: Mapping[str, Any], iterations: int = 20, warmu
         raise ConfigError(f"the profile needs at least 1 iteration, got {iterations}")
     dev = engine.device.torch_device
     inputs = {k: to_device(as_torch(k, v)[0], dev) for k, v in feeds.items()}
-    clock = _CudaClock(len(engine.kernels)) if engine.device.backend == "cuda" else _CpuClock(len(engine.kernels))
+    # on CUDA the host launches each kernel while the GPU spins: device time only
+    clock = make_clock(engine.device.backend, len(engine.kernels), LAUNCH_COVER_CYCLES)
     with torch.inference_mode():
         for _ in range(warmup):
             _one_pass(engine, inputs, lambda step, kernel, args: kernel(args))
         for _ in range(iterations):
-            _one_pass(engine, inputs, clock.time)
+            _one_pass(engine, inputs, lambda step, kernel, args: clock.time(kernel, args, slot=step))
     net = engine.network
     rows = tuple(LayerTime(layer.name, layer.kind, _precision(net, layer), engine.tactics[layer.name].tactic, ms)
                  for layer, ms in zip(net.layers, clock.results_ms()))
@@ -100,7 +100,7 @@ def profile_layers(engine, feeds: Mapping[str, Any], iterations: int = 20, warmu
 
 
 def _one_pass(engine, inputs: dict[str, Any], call: Callable[[int, Callable, list], list]) -> None:
-    """The executor's loop (runtime.context.run_layers) with each kernel call going through `call`."""
+    """The executor's loop (kiln.kinds.interpret.run_layers) with each kernel call going through `call`."""
     values: dict[str, Any] = dict(engine.weights)
     values.update(inputs)
     release = engine.memory_plan.release
@@ -119,40 +119,3 @@ def _precision(net, layer) -> str:
         return str(layer.precision)
     first = next((o for o in layer.outputs if o), None)
     return str(net.tensors[first].dtype) if first else "-"
-
-
-class _CpuClock:
-    """perf_counter around each kernel call (the CPU backend runs synchronously)."""
-
-    def __init__(self, layers: int):
-        self.ms: list[list[float]] = [[] for _ in range(layers)]
-
-    def time(self, step: int, kernel: Callable, args: list) -> list:
-        start = time.perf_counter()
-        outs = kernel(args)
-        self.ms[step].append((time.perf_counter() - start) * 1e3)
-        return outs
-
-    def results_ms(self) -> list[tuple[float, ...]]:
-        return [tuple(ms) for ms in self.ms]
-
-
-class _CudaClock:
-    """CUDA events recorded around each kernel call; read after one synchronize at the end."""
-
-    def __init__(self, layers: int):
-        self.events: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in range(layers)]
-        torch.cuda.synchronize()
-
-    def time(self, step: int, kernel: Callable, args: list) -> list:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(LAUNCH_COVER_CYCLES)  # the host launches while the GPU spins: device time only
-        start.record()
-        outs = kernel(args)
-        end.record()
-        self.events[step].append((start, end))
-        return outs
-
-    def results_ms(self) -> list[tuple[float, ...]]:
-        torch.cuda.synchronize()
-        return [tuple(s.elapsed_time(e) for s, e in pairs) for pairs in self.events]

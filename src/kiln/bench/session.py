@@ -13,13 +13,15 @@ from typing import Any, Mapping
 import torch
 
 from kiln.bench.clocks import read_clocks
-from kiln.bench.phases import IterationTimes, make_query, sleep_cycles_per_ms
+from kiln.bench.phases import IterationTimes, make_query
 from kiln.bench.result import BenchResult
 from kiln.bench.stats import DEFAULT_PERCENTILES
-from kiln.bench.timer import DEFAULT_DURATION_S, DEFAULT_ITERATIONS, MAX_ITERATIONS, check_stopping
 from kiln.errors import ConfigError
-from kiln.runtime.context import ExecutionContext, to_device
+from kiln.kinds.interpret import to_device
+from kiln.runtime.context import ExecutionContext
 from kiln.runtime.io import as_torch
+from kiln.util.timing import (DEFAULT_DURATION_S, DEFAULT_ITERATIONS, MAX_ITERATIONS, check_stopping,
+                               sleep_cycles_per_ms)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,5 @@
-"""Building engines: device model, build context and the build pipeline."""
+"""Building engines: the build context and the build pipeline (device facts live in kiln.target)."""
 
 from kiln.builder.build import BuildContext, build
-from kiln.builder.device import Device, detect
 
-__all__ = ["BuildContext", "Device", "build", "detect"]
+__all__ = ["BuildContext", "build"]

@@ -7,10 +7,8 @@ and never aborts the build. Opt level 0 takes the highest-priority candidate tha
 
 from __future__ import annotations
 
-import gc
-import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -19,13 +17,12 @@ from kiln.builder.timing_cache import CachedChoice, TimingCache, environment_key
 from kiln.ir import DType, Network
 from kiln.kinds import qtype as qtypes, quantized
 from kiln.tactics import registry
+from kiln.tactics.choice import Choice
 from kiln.tactics.spec import LayerSpec, layer_spec
+from kiln.util.timing import device_time_us
 
 REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
 CONFIGS_PER_TACTIC = {0: 1, 1: 1, 2: 2, 3: 8, 4: 32, 5: 1000}
-# GPU spin ahead of each timed run (≈ 1 ms at 2 GHz) while the host launches it: Python launchers take 0.13-0.3 ms
-# on an H100 host (tools/gpu_launch_cost_probe.py), and a launch that outlasts the spin adds its excess to the time
-LAUNCH_COVER_CYCLES = 2_000_000
 TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 # Quantized layers (int32 accumulation is exact in every tactic): a requantized int8 output may differ by
 # 1 LSB (an fp32 epilogue value one ulp apart lands on the other side of a .5); a dequantized fp32 output
@@ -41,29 +38,6 @@ FP8_STEP = (2.0 ** -3, 2.0 ** -9)
 # fp8 tensor cores sum partial products in less than fp32 before promoting them (Hopper), so a result may be off
 # by a small fraction of the sum of its terms' magnitudes, however small the result: 2⁻⁹ of Σ|terms| is allowed
 FP8_ACCUMULATION = 2.0 ** -9
-
-
-@dataclass
-class Choice:
-    """The tactic a layer runs with, how it was chosen, and what was rejected and why."""
-
-    tactic: str
-    config: dict = field(default_factory=dict)
-    microseconds: float | None = None
-    source: str = "only"            # only | heuristic | timed | cache
-    rejected: list[tuple[str, str]] = field(default_factory=list)
-    timed: list[tuple[str, float]] = field(default_factory=list)  # every candidate timed: label, microseconds
-
-    def to_json(self) -> dict:
-        return {"tactic": self.tactic, "config": self.config, "microseconds": self.microseconds,
-                "source": self.source, "rejected": [list(r) for r in self.rejected],
-                "timed": [[label, round(us, 3)] for label, us in self.timed]}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Choice":
-        return cls(str(d["tactic"]), dict(d.get("config") or {}), d.get("microseconds"), str(d.get("source", "")),
-                   [(str(a), str(b)) for a, b in d.get("rejected") or []],
-                   [(str(a), float(b)) for a, b in d.get("timed") or []])
 
 
 def _random_input(v, device) -> Any:
@@ -155,31 +129,6 @@ def workspace_bytes(kernel, inputs) -> int:
     return max(0, torch.cuda.max_memory_allocated() - before - kept)
 
 
-def _time(kernel, inputs, repeats: int) -> float:
-    """Median device microseconds of `repeats` runs, each between CUDA events queued behind a spin kernel: the
-    host enqueues the run while the GPU spins, so its launch cost (tens of µs in Triton's Python launcher) is not
-    counted, as it is not in the CUDA graph an engine replays. The garbage collector waits meanwhile (a collection
-    would outlast the spin)."""
-    for _ in range(3):
-        kernel(inputs)
-    times = []
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
-            start.record()
-            kernel(inputs)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0)
-    finally:
-        if collecting:
-            gc.enable()
-    return statistics.median(times)
-
-
 class Autotuner:
     """Chooses a tactic per layer for one build; reads and fills the timing cache."""
 
@@ -259,7 +208,7 @@ class Autotuner:
                         continue
                     if self.level == 0:
                         return Choice(tactic.name, config, None, "heuristic", rejected)
-                    timed.append((_time(kernel, args, REPEATS[self.level]), tactic.name, config, label))
+                    timed.append((device_time_us(kernel, args, REPEATS[self.level]), tactic.name, config, label))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
         for us, name, config, _ in timed:

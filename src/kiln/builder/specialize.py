@@ -14,8 +14,8 @@ import torch
 
 from kiln.ir import Network
 from kiln.kinds import run_reference
-from kiln.runtime.context import to_device
-from kiln.runtime.host_inputs import HOST_INPUTS
+from kiln.kinds.interpret import to_device
+from kiln.tactics.host_inputs import HOST_INPUTS
 
 # inputs whose values decide the output shape (beyond those references read on the host)
 SHAPE_INPUTS = {**HOST_INPUTS, "ConstantOfShape": (0,), "Range": (0, 1, 2), "RandomUniform": (0,),

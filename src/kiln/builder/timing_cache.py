@@ -18,6 +18,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from kiln.errors import ConfigError
+from kiln.util.safe_json import loads_json
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS timings (
     env TEXT NOT NULL, signature TEXT NOT NULL, tactic TEXT NOT NULL, config TEXT NOT NULL,
@@ -136,8 +137,6 @@ class TimingCache:
             return None
         if us is not None and (not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0):
             return None
-        from kiln.engine.safe_json import loads_json  # kiln.engine imports the builder: import on use
-
         try:
             value = loads_json(config, max_bytes=MAX_CONFIG_BYTES, max_depth=4, max_values=1000)
         except ConfigError:

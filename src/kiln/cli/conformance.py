@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from kiln.builder.device import detect
+from kiln.target.device import detect
 from kiln.cli.errors import command
 from kiln.cli.options import Device, Force, Verbose
 from kiln.cli.output import key_values, stderr, stdout

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kiln.builder.device import Device, detect
-from kiln.engine.safe_json import printable
+from kiln.target.device import Device, detect
+from kiln.util.safe_json import printable
 from kiln.errors import EngineCompatibilityError
-from kiln.tactics.hardware_compat import PORTABLE_MIN_CC, HardwareCompat
+from kiln.target.hardware_compat import PORTABLE_MIN_CC, HardwareCompat
 
 SOFTWARE = ("kiln", "torch", "triton", "cuda")  # kernels and tactic choices depend on these
 CARD = ("name", "sms", "memory")                 # a GPU model, beyond its compute capability

@@ -22,7 +22,7 @@ import safetensors.torch
 import torch
 
 from kiln.engine import signing
-from kiln.engine.safe_json import loads_json, printable
+from kiln.util.safe_json import loads_json, printable
 from kiln.errors import PlanError
 from kiln.util import files
 from kiln.version import __version__

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from kiln.builder.autotune import Choice, tune
-from kiln.builder.device import Device
+from kiln.builder.autotune import tune
+from kiln.tactics.choice import Choice
+from kiln.target.device import Device
 from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
 from kiln.ir import Network
-from kiln.runtime.context import to_device
+from kiln.kinds.interpret import to_device
 
 
 def retune(network: Network, config: BuildConfig, device: Device, old: dict[str, Choice],

@@ -13,10 +13,11 @@ import numpy as np
 import onnx
 import torch
 
-from kiln.engine.safe_json import printable
+from kiln.util.safe_json import printable
 from kiln.errors import InternalError, ModelError, PlanError
 from kiln.frontend.onnx.limits import ModelLimits
 from kiln.ir import DType, Layer, Network
+from kiln.kinds.verify import verify_network
 from kiln.kinds.registry import attr_problem
 
 _TENSOR_KEY = "$tensor"
@@ -74,7 +75,7 @@ def network_from_json(m: dict, tensors: dict[str, torch.Tensor]) -> Network:
         raise PlanError(f"plan manifest is malformed ({type(e).__name__}: {printable(str(e))}); "
                         "rebuild the plan") from None
     try:
-        net.verify()
+        verify_network(net)
     except Exception as e:
         raise PlanError(f"plan network is inconsistent ({printable(str(e))}); rebuild the plan") from None
     if len(used) != len(tensors):

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.tactics.hardware_compat import smem_budget
+from kiln.target.hardware_compat import smem_budget
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton reads it when kernels are decorated, as here
 DEFAULT_SMEM = 48 * 1024  # bytes every CUDA device gives a block without opting in

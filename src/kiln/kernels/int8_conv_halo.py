@@ -57,8 +57,8 @@ if wg.gluon is not None:
         mbarrier.expect(bar, nbytes, pred=pred)
         for s in gl.static_range(KW):
             g = (stage * KW + s) * (BH + T) * BW // 8
-            wg._tma_load(x_desc, [n, ih, iw + s, c0], bar, _rows_at(a_s, g, [1, BH, BW, BK]), pred=pred)
-            wg._tma_load(t_desc, [n, ih + BH, iw + s, c0], bar, _rows_at(a_s, g + BH * BW // 8, [1, T, BW, BK]),
+            wg.tma_load(x_desc, [n, ih, iw + s, c0], bar, _rows_at(a_s, g, [1, BH, BW, BK]), pred=pred)
+            wg.tma_load(t_desc, [n, ih + BH, iw + s, c0], bar, _rows_at(a_s, g + BH * BW // 8, [1, T, BW, BK]),
                          pred=pred)
 
     @gluon.jit
@@ -97,7 +97,7 @@ if wg.gluon is not None:
             mbarrier.init(bars.index(i), count=1)
         mbarrier.expect(bars.index(STAGES), KH * KW * CB * BN * BK)
         for j in gl.static_range(KH * KW * CB):  # column j·BK of [CO, KH·KW·C]: tap j // CB, channel block j % CB
-            wg._tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
+            wg.tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
         wg.gdc_start(PDL)  # the weights load while the previous kernel drains
         nbytes: gl.constexpr = KW * (BH + T) * BW * BK
         for i in gl.static_range(STAGES - 1):
@@ -118,7 +118,7 @@ if wg.gluon is not None:
             ow0 = (t % tiles_w) * BW
             if HAS_RES:  # every warp read the previous tile's residual before the last barrier of its epilogue
                 mbarrier.expect(bars.index(STAGES + 1), BM * BN)
-                wg._tma_load(r_desc, [n, oh0, ow0, off_n], bars.index(STAGES + 1), r_s.index(0))
+                wg.tma_load(r_desc, [n, oh0, ow0, off_n], bars.index(STAGES + 1), r_s.index(0))
             acc = gl.zeros((BM, BN), gl.int32, layout=mma)
             for cb in range(CB):
                 u = i * CB + cb
@@ -141,7 +141,7 @@ if wg.gluon is not None:
             if HAS_RES:
                 mbarrier.wait(bars.index(STAGES + 1), i & 1)
                 v += r_s.index(0).reshape([BM, BN]).load(mma).to(gl.float32) * res_scale
-            q = wg._activate_requant(v, out_inv, ACT)
+            q = wg.activate_requant(v, out_inv, ACT)
             buf = c_s.index(i % 2)
             wg.store_tile(q, buf.reshape([BM, BN]), buf, y_desc, [n, oh0, ow0, off_n])
         tma.store_wait(0)
@@ -219,10 +219,10 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
     w = w_packed.t()
     tiles_w, tiles_hw = triton.cdiv(ow, bw), triton.cdiv(oh, bh) * triton.cdiv(ow, bw)
     tiles, tiles_n = n * tiles_hw, triton.cdiv(co, bn)
-    per_n = max(1, min(tiles, config["stream"] * wg._programs(x.device) // tiles_n))
+    per_n = max(1, min(tiles, config["stream"] * wg.multiprocessors(x.device) // tiles_n))
     _halo_conv_kernel[(tiles_n * per_n,)](
-        wg._desc(nhwc, [1, bh, bw, bk]), wg._desc(nhwc, [1, halo_rows(kh), bw, bk]), wg._desc(w, [bn, bk]),
-        wg._desc(y4, [1, bh, bw, bn]), wg._desc(r4, [1, bh, bw, bn]), scale, bias if bias is not None else scale, co,
+        wg.desc(nhwc, [1, bh, bw, bk]), wg.desc(nhwc, [1, halo_rows(kh), bw, bk]), wg.desc(w, [bn, bk]),
+        wg.desc(y4, [1, bh, bw, bn]), wg.desc(r4, [1, bh, bw, bn]), scale, bias if bias is not None else scale, co,
         pads[0], pads[1], inv_scale(out_scale), float(res_scale or 1.0), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KH=kh, KW=kw, CB=c // bk,
         STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False, **pdl_args(x.device))

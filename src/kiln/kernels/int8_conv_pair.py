@@ -48,8 +48,8 @@ if wg.gluon is not None:
         oh0 = (t % tiles_hw) // tiles_w * BH
         ow0 = (t % tiles_w) * BW
         mbarrier.expect(bar, BH * BW * BK, pred=pred)
-        wg._tma_load(x_desc, [n, oh0, ow0, k * BK], bar, dst, pred=pred & (k < KT1))
-        wg._tma_load(x2_desc, [n, oh0, ow0, (k - KT1) * BK], bar, dst, pred=pred & (k >= KT1))
+        wg.tma_load(x_desc, [n, oh0, ow0, k * BK], bar, dst, pred=pred & (k < KT1))
+        wg.tma_load(x2_desc, [n, oh0, ow0, (k - KT1) * BK], bar, dst, pred=pred & (k >= KT1))
 
     @gluon.jit
     def _col(ptr, rn, n_ok):
@@ -69,7 +69,7 @@ if wg.gluon is not None:
                                    is_async=True)
             acc = wg.warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if gl.num_warps() > 4:  # the other warpgroup's wgmma u - 1 is done too before its slot refills
-                wg._sync_warps()
+                wg.sync_warps()
             nu = u + STAGES - 1
             _pair_issue(x_desc, x2_desc, nu, KT1, KT, first, step, tiles_w, tiles_hw, bars.index(nu % STAGES),
                         a_s.index(nu % STAGES), nu < units)
@@ -100,9 +100,9 @@ if wg.gluon is not None:
             mbarrier.init(bars.index(i), count=1)
         mbarrier.expect(bars.index(STAGES), KT * BN * BK)
         for j in gl.static_range(KT1):
-            wg._tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
+            wg.tma_load(w_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(j))
         for j in gl.static_range(KT2):
-            wg._tma_load(w2_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(KT1 + j))
+            wg.tma_load(w2_desc, [off_n, j * BK], bars.index(STAGES), w_s.index(KT1 + j))
         wg.gdc_start(PDL)  # the weights load while the previous kernel drains
         for i in gl.static_range(STAGES - 1):
             _pair_issue(x_desc, x2_desc, i, KT1, KT, first, step, tiles_w, tiles_hw, bars.index(i), a_s.index(i),
@@ -125,7 +125,7 @@ if wg.gluon is not None:
             v2 = acc.to(gl.float32) * _col(scale2, rn, n_ok)
             if HAS_BIAS2:
                 v2 += _col(bias2, rn, n_ok)
-            q = wg._activate_requant(v + v2, out_inv, ACT)
+            q = wg.activate_requant(v + v2, out_inv, ACT)
             buf = c_s.index(i % 2)
             wg.store_tile(q, buf.reshape([BM, BN]), buf, y_desc,
                           [t // tiles_hw, (t % tiles_hw) // tiles_w * BH, (t % tiles_w) * BW, off_n])
@@ -191,11 +191,11 @@ def conv_pair(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
     box = [1, bh, bw, bk]
     tiles_w, tiles_hw = triton.cdiv(ow, bw), triton.cdiv(oh, bh) * triton.cdiv(ow, bw)
     tiles, tiles_n = n * tiles_hw, triton.cdiv(co, bn)
-    per_n = max(1, min(tiles, config["stream"] * wg._programs(x.device) // tiles_n))
+    per_n = max(1, min(tiles, config["stream"] * wg.multiprocessors(x.device) // tiles_n))
     _pair_kernel[(tiles_n * per_n,)](
-        wg._desc(x.permute(0, 2, 3, 1), box), wg._desc(w, [bn, bk]), wg._desc(x2.permute(0, 2, 3, 1), box),
-        wg._desc(w2, [bn, bk]),
-        wg._desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale, bias if bias is not None else scale, scale2,
+        wg.desc(x.permute(0, 2, 3, 1), box), wg.desc(w, [bn, bk]), wg.desc(x2.permute(0, 2, 3, 1), box),
+        wg.desc(w2, [bn, bk]),
+        wg.desc(y.permute(0, 2, 3, 1), [1, bh, bw, bn]), scale, bias if bias is not None else scale, scale2,
         bias2 if bias2 is not None else scale2, co, inv_scale(out_scale), tiles_w, tiles_hw, tiles,
         HAS_BIAS=bias is not None, HAS_BIAS2=bias2 is not None, ACT=activation, KT1=c // bk, KT2=x2.shape[1] // bk,
         STAGES=config["STAGES"], num_warps=config["num_warps"], enable_fp_fusion=False, **pdl_args(x.device))

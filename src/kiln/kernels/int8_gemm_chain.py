@@ -41,9 +41,9 @@ if wg.gluon is not None:
         bar = bars.index(u % STAGES)
         mbarrier.expect(bar, BM * (a_desc.block_type.shape[1] + (x_desc.block_type.shape[1] if HAS_X else 0)),
                         pred=pred)
-        wg._tma_load(a_desc, [(first + u * step) * BM, 0], bar, a_s.index(u % STAGES), pred=pred)
+        wg.tma_load(a_desc, [(first + u * step) * BM, 0], bar, a_s.index(u % STAGES), pred=pred)
         if HAS_X:
-            wg._tma_load(x_desc, [(first + u * step) * BM, 0], bar, x_s.index(u % STAGES), pred=pred)
+            wg.tma_load(x_desc, [(first + u * step) * BM, 0], bar, x_s.index(u % STAGES), pred=pred)
 
     @gluon.jit
     def _res_issue(r_desc, r_s, bars, u, first, step, NC: gl.constexpr, STAGES: gl.constexpr,
@@ -53,7 +53,7 @@ if wg.gluon is not None:
         BN: gl.constexpr = r_desc.block_type.shape[1]
         bar = bars.index(STAGES + u % RSTAGES)
         mbarrier.expect(bar, BM * BN, pred=pred)
-        wg._tma_load(r_desc, [(first + (u // NC) * step) * BM, (u % NC) * BN], bar, r_s.index(u % RSTAGES),
+        wg.tma_load(r_desc, [(first + (u // NC) * step) * BM, (u % NC) * BN], bar, r_s.index(u % RSTAGES),
                      pred=pred)
 
     @gluon.jit
@@ -61,11 +61,11 @@ if wg.gluon is not None:
         """q into `buf` once the TMA store that last used it has left (at most PENDING younger ones in flight),
         then stored by TMA at `coord`."""
         tma.store_wait(PENDING)
-        wg._sync_warps()
+        wg.sync_warps()
         buf.store(q)
         wg.fence_async_shared()
-        wg._sync_warps()  # the whole chunk is in shared memory before one thread stores it or wgmma reads it
-        wg._tma_store(desc, coord, buf)
+        wg.sync_warps()  # the whole chunk is in shared memory before one thread stores it or wgmma reads it
+        wg.tma_store(desc, coord, buf)
 
     @gluon.jit
     def _first_gemm(a, w, zero):
@@ -101,10 +101,10 @@ if wg.gluon is not None:
         wbar = bars.index(STAGES + RSTAGES)
         mbarrier.expect(wbar, NC * (BN * K + N2 * BN + (BN * KX if HAS_X else 0)))
         for j in gl.static_range(NC):
-            wg._tma_load(w_desc, [j * BN, 0], wbar, w_s.index(j))
-            wg._tma_load(w2_desc, [0, j * BN], wbar, w2_s.index(j))
+            wg.tma_load(w_desc, [j * BN, 0], wbar, w_s.index(j))
+            wg.tma_load(w2_desc, [0, j * BN], wbar, w2_s.index(j))
             if HAS_X:
-                wg._tma_load(wx_desc, [j * BN, 0], wbar, wx_s.index(j))
+                wg.tma_load(wx_desc, [j * BN, 0], wbar, wx_s.index(j))
         wg.gdc_start(PDL)  # the weights load while the previous kernel drains
         for u in gl.static_range(STAGES - 1):
             _rows_issue(a_desc, a_s, x_desc, x_s, bars, u, first, step, STAGES, HAS_X, u < count)
@@ -123,7 +123,7 @@ if wg.gluon is not None:
         mbarrier.wait(wbar, 0)
         for i in range(count):
             s = i % STAGES
-            wg._sync_warps()  # every warp is past tile i - 1, whose slot takes tile i + STAGES - 1
+            wg.sync_warps()  # every warp is past tile i - 1, whose slot takes tile i + STAGES - 1
             _rows_issue(a_desc, a_s, x_desc, x_s, bars, i + STAGES - 1, first, step, STAGES, HAS_X,
                         i + STAGES - 1 < count)
             mbarrier.wait(bars.index(s), (i // STAGES) & 1)
@@ -158,13 +158,13 @@ if wg.gluon is not None:
                 if HAS_RES:
                     mbarrier.wait(bars.index(STAGES + c % RSTAGES), (c // RSTAGES) & 1)
                     v += r_s.index(c % RSTAGES).load(mma).to(gl.float32) * res_scale
-                _store(wg._activate_requant(v, out_inv, ACT), y_s.index(j), y_desc, [off_m, j * BN], NC)
+                _store(wg.activate_requant(v, out_inv, ACT), y_s.index(j), y_desc, [off_m, j * BN], NC)
                 acc2 = wg.warpgroup_mma(y_s.index(j), w2_s.index(j).permute((1, 0)), acc2, is_async=True)
             acc2 = wg.warpgroup_mma_wait(num_outstanding=0, deps=(acc2,))
             v2 = acc2.to(gl.float32) * col_scale2
             if HAS_BIAS2:
                 v2 += col_bias2
-            _store(wg._activate_requant(v2, out2_inv, ACT2), z_s, z_desc, [off_m, 0], NC)
+            _store(wg.activate_requant(v2, out2_inv, ACT2), z_s, z_desc, [off_m, 0], NC)
         tma.store_wait(0)
         for i in gl.static_range(STAGES + RSTAGES + 1):
             mbarrier.invalidate(bars.index(i))
@@ -234,9 +234,9 @@ def chain(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Ten
         return y, z
     r = residual if residual is not None else y
     tiles = triton.cdiv(m, bm)
-    _chain_kernel[(min(tiles, config.get("stream", 1) * wg._programs(a.device)),)](
-        wg._desc(a, [bm, k]), wg._desc(w, [bn, k]), wg._desc(r, [bm, bn]), wg._desc(w2, [n2, bn]),
-        wg._desc(y, [bm, bn]), wg._desc(z, [bm, n2]), wg._desc(x, [bm, x.shape[1]]), wg._desc(wx, [bn, x.shape[1]]),
+    _chain_kernel[(min(tiles, config.get("stream", 1) * wg.multiprocessors(a.device)),)](
+        wg.desc(a, [bm, k]), wg.desc(w, [bn, k]), wg.desc(r, [bm, bn]), wg.desc(w2, [n2, bn]),
+        wg.desc(y, [bm, bn]), wg.desc(z, [bm, n2]), wg.desc(x, [bm, x.shape[1]]), wg.desc(wx, [bn, x.shape[1]]),
         scale, bias if bias is not None else scale, scale2, bias2 if bias2 is not None else scale2, scale_x,
         bias_x if bias_x is not None else scale_x, m, inv_scale(out_scale), float(res_scale or 1.0),
         inv_scale(out2_scale), HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,

@@ -24,9 +24,9 @@ try:  # Gluon is experimental: without it (or on an older triton) the tactic ref
                                                                    warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     # the TMA copies' names: triton 3.6 (the GPU machine's) and later releases differ
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    _sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier  # a CTA-wide bar.sync: renamed after 3.6
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier  # a CTA-wide bar.sync: renamed after 3.6
 except ImportError:  # pragma: no cover
     gluon = None
 
@@ -55,7 +55,7 @@ _SHORT = [(128, 128, 64, 2, 4), (128, 64, 64, 2, 4)]
 
 
 @functools.lru_cache(maxsize=None)
-def _programs(device: torch.device) -> int:
+def multiprocessors(device: torch.device) -> int:
     """The multiprocessors a streaming launch spreads its programs over (4 on the CPU)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
@@ -78,8 +78,8 @@ if gluon is not None:
     def _issue(a_desc, a_coord, w_desc, w_coord, bar, a_dst, w_dst, nbytes: gl.constexpr, pred):
         """One pipeline step's loads: the A (input) and W tiles by TMA, both signalling `bar`."""
         mbarrier.expect(bar, nbytes, pred=pred)
-        _tma_load(a_desc, a_coord, bar, a_dst, pred=pred)
-        _tma_load(w_desc, w_coord, bar, w_dst, pred=pred)
+        tma_load(a_desc, a_coord, bar, a_dst, pred=pred)
+        tma_load(w_desc, w_coord, bar, w_dst, pred=pred)
 
     @gluon.jit
     def _issue_conv(x_desc, w_desc, step, c_blocks, n, oh0, ow0, off_n, C, KW, ph, pw, dh, dw, bar, a_dst, w_dst,
@@ -146,7 +146,7 @@ if gluon is not None:
         c_s = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
         c_s.store(q)
         fence_async_shared()
-        _tma_store(c_desc, [off_m, off_n], c_s)
+        tma_store(c_desc, [off_m, off_n], c_s)
         tma.store_wait(0)
 
     @gluon.jit
@@ -175,7 +175,7 @@ if gluon is not None:
             mbarrier.init(bars.index(i), count=1)
         mbarrier.expect(bars.index(STAGES), KT * BLOCK_N * BLOCK_K)
         for kk in gl.static_range(KT):
-            _tma_load(w_desc, [off_n, kk * BLOCK_K], bars.index(STAGES), w_s.index(kk))
+            tma_load(w_desc, [off_n, kk * BLOCK_K], bars.index(STAGES), w_s.index(kk))
         gdc_start(PDL)  # the weights load while the previous kernel drains
         nbytes: gl.constexpr = KT * BLOCK_M * BLOCK_K + (BLOCK_M * BLOCK_N if HAS_RES else 0)
         for j in gl.static_range(STAGES - 1):
@@ -192,7 +192,7 @@ if gluon is not None:
         for i in range(count):
             s = i % STAGES
             nxt = i + STAGES - 1  # into the slot of tile i - 1, which every warp is past
-            _sync_warps()
+            sync_warps()
             _stream_issue(a_desc, r_desc, (first + nxt * step) * BLOCK_M, off_n, bars.index(nxt % STAGES), a_s,
                           r_s, nxt % STAGES, nbytes, KT, HAS_RES, nxt < count)
             mbarrier.wait(bars.index(s), (i // STAGES) & 1)
@@ -205,7 +205,7 @@ if gluon is not None:
                 v += col_bias
             if HAS_RES:
                 v += r_s.index(s).load(mma).to(gl.float32) * res_scale
-            q = _activate_requant(v, out_inv, ACT)
+            q = activate_requant(v, out_inv, ACT)
             store_tile(q, c_s.index(i % 2), c_s.index(i % 2), c_desc, [(first + i * step) * BLOCK_M, off_n])
         tma.store_wait(0)
         for i in gl.static_range(STAGES + 1):
@@ -216,11 +216,11 @@ if gluon is not None:
         """A persistent kernel's output tile q into `view` of the double-buffered `buf` (once the TMA store that
         used it two tiles ago has left), then stored by TMA from `buf` at `coord`."""
         tma.store_wait(1)
-        _sync_warps()
+        sync_warps()
         view.store(q)
         fence_async_shared()
-        _sync_warps()  # the whole tile is in shared memory before one thread stores it
-        _tma_store(c_desc, coord, buf)
+        sync_warps()  # the whole tile is in shared memory before one thread stores it
+        tma_store(c_desc, coord, buf)
 
     @gluon.jit
     def _stream_issue(a_desc, r_desc, off_m, off_n, bar, a_s, r_s, stage, nbytes: gl.constexpr, KT: gl.constexpr,
@@ -228,9 +228,9 @@ if gluon is not None:
         """The streaming kernel's loads for one m-tile into `stage`: its KT row blocks and its residual tile."""
         mbarrier.expect(bar, nbytes, pred=pred)
         for kk in gl.static_range(KT):
-            _tma_load(a_desc, [off_m, kk * a_desc.block_type.shape[1]], bar, a_s.index(stage * KT + kk), pred=pred)
+            tma_load(a_desc, [off_m, kk * a_desc.block_type.shape[1]], bar, a_s.index(stage * KT + kk), pred=pred)
         if HAS_RES:
-            _tma_load(r_desc, [off_m, off_n], bar, r_s.index(stage), pred=pred)
+            tma_load(r_desc, [off_m, off_n], bar, r_s.index(stage), pred=pred)
 
     @gluon.jit
     def _requant_tile(acc, rows_ok, res_off, rn, n_ok, res, scale, bias, out_inv, res_scale, HAS_BIAS: gl.constexpr,
@@ -244,10 +244,10 @@ if gluon is not None:
             mask = gl.expand_dims(rows_ok, 1) & gl.expand_dims(n_ok, 0)
             r = gl.load(res + gl.expand_dims(res_off, 1) + gl.expand_dims(rn, 0), mask=mask, other=0)
             v += r.to(gl.float32) * res_scale
-        return _activate_requant(v, out_inv, ACT)
+        return activate_requant(v, out_inv, ACT)
 
     @gluon.jit
-    def _activate_requant(v, out_inv, ACT: gl.constexpr):
+    def activate_requant(v, out_inv, ACT: gl.constexpr):
         """The activation, then int8 at out_inv: clamped to ±127, rounded half to even by the 1.5·2²³ add. ReLU is
         the clamp's lower bound (relu(v)·out_inv = max(v·out_inv, 0) for out_inv > 0: one instruction fewer)."""
         if ACT == "relu":
@@ -356,7 +356,7 @@ def stream_smem(bm: int, bn: int, k: int, stages: int, residual: bool) -> int:
     return stages * bm * k + bn * k + (2 + stages * residual) * bm * bn
 
 
-def _desc(t: torch.Tensor, block: list[int]):
+def desc(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int8))
 
 
@@ -383,16 +383,16 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         if r.stride(1) != 1 or r.stride(0) % 16:
             raise ValueError("the streaming kernel reads the residual by TMA: dense rows of 16-byte multiples only")
         tiles_n = triton.cdiv(n, bn)
-        per_n = max(1, min(triton.cdiv(m, bm), config["stream"] * _programs(a.device) // tiles_n))
+        per_n = max(1, min(triton.cdiv(m, bm), config["stream"] * multiprocessors(a.device) // tiles_n))
         _wgmma_stream_kernel[(tiles_n * per_n,)](
-            _desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), _desc(r, [bm, bn]), scale,
+            desc(a, [bm, bk]), desc(w, [bn, bk]), desc(c, [bm, bn]), desc(r, [bm, bn]), scale,
             bias if bias is not None else scale, m, n, inv_scale(out_scale), float(res_scale or 1.0),
             HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, KT=k // bk,
             STAGES=config.get("STAGES", 2), num_warps=config["num_warps"], enable_fp_fusion=False,
             **pdl_args(a.device))
         return c
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _wgmma_gemm_kernel[grid](_desc(a, [bm, bk]), _desc(w, [bn, bk]), _desc(c, [bm, bn]), r, r.stride(0), scale,
+    _wgmma_gemm_kernel[grid](desc(a, [bm, bk]), desc(w, [bn, bk]), desc(c, [bm, bn]), r, r.stride(0), scale,
                              bias if bias is not None else scale, m, n, k, inv_scale(out_scale),
                              float(res_scale or 1.0), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                              ACT=activation, STAGES=config["STAGES"], num_warps=config["num_warps"], **pdl_args(a.device),
@@ -458,7 +458,7 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
                               gl.NVMMASharedLayout.get_default_for(block, gl.int8))
     r = residual if residual is not None else y
     grid = (triton.cdiv(n, bi) * triton.cdiv(oh, bh) * triton.cdiv(ow, bw), triton.cdiv(co, bn))
-    _wgmma_conv_kernel[grid](x_desc, _desc(w_packed.t(), [bn, bk]), scale, bias if bias is not None else scale, r, y,
+    _wgmma_conv_kernel[grid](x_desc, desc(w_packed.t(), [bn, bk]), scale, bias if bias is not None else scale, r, y,
                              n, oh, ow, co, c, kw, pads[0], pads[1], dh, dw, inv_scale(out_scale),
                              float(res_scale or 1.0), r.stride(0), r.stride(2), r.stride(3), y.stride(0), y.stride(2),
                              y.stride(3), kh * kw * triton.cdiv(c, bk), HAS_BIAS=bias is not None,

@@ -1,7 +1,7 @@
 """Reference implementations of the control-flow layer kinds: If, Loop, Scan.
 
-A body is a nested `Network` in an attribute and runs through the runtime's one executor
-(`kiln.runtime.context.run_network`). Values a body reads from the enclosing graph are the
+A body is a nested `Network` in an attribute and runs through the one executor
+(`kiln.kinds.interpret.run_network`). Values a body reads from the enclosing graph are the
 layer's last `captures` inputs (for If: every input after `cond`), passed as the body's last inputs.
 """
 
@@ -11,52 +11,14 @@ from typing import Any
 
 import torch
 
-from kiln.errors import InternalError
-from kiln.ir import Layer, Network
+from kiln.ir import Network
+from kiln.kinds.interpret import run_network
 from kiln.kinds.registry import INT, INTS, NETWORK, kind
 
 BODIES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",), "SequenceMap": ("body",)}
 
 
-def verify_bodies(layer: Layer) -> None:
-    """Raise InternalError unless a body-holding layer's bodies and counts fit together (plans are untrusted)."""
-    names = BODIES.get(layer.kind)
-    if not names:
-        return
-    n_in, n_out = len(layer.inputs), len(layer.outputs)
-    fixed = {"If": 1, "Loop": 2}.get(layer.kind, 0)  # inputs before the carried, scanned or mapped ones
-    captures = n_in - 1 if layer.kind == "If" else layer.attrs.get("captures")
-    if not isinstance(captures, int) or not 0 <= captures <= n_in - fixed:
-        raise InternalError(f"layer {layer.name!r} ({layer.kind}): captures={captures!r} does not fit "
-                            f"its {n_in} inputs")
-    if layer.kind == "Scan":
-        _verify_scan(layer, n_in - captures, n_out)
-    want = {"If": (n_in - 1, n_out), "Loop": (n_in, n_out + 1)}.get(layer.kind, (n_in, n_out))
-    for name in names:
-        body = layer.attrs.get(name)
-        if not isinstance(body, Network):
-            raise InternalError(f"layer {layer.name!r} ({layer.kind}): attribute {name!r} is not a network")
-        if (len(body.inputs), len(body.outputs)) != want:
-            raise InternalError(f"layer {layer.name!r} ({layer.kind}): body {name!r} has {len(body.inputs)} inputs "
-                                f"and {len(body.outputs)} outputs, expected {want[0]} and {want[1]}")
-        body.verify()
-
-
-def _verify_scan(layer: Layer, n_in: int, n_out: int) -> None:
-    """Scan's attribute lists: one entry per scan input and per scan output."""
-    a = layer.attrs
-    m = a.get("num_scan_inputs")
-    k = n_out - (n_in - m) if isinstance(m, int) else -1
-    lists = {"scan_input_axes": m, "scan_input_directions": m, "scan_output_axes": k, "scan_output_directions": k}
-    if not (isinstance(m, int) and 0 < m <= n_in and k >= 0 and isinstance(a.get("batched"), bool)
-            and all(isinstance(a.get(key), list) and len(a[key]) == count for key, count in lists.items())):
-        raise InternalError(f"layer {layer.name!r} (Scan): attributes do not fit its {n_in} scanned/state inputs "
-                            f"and {n_out} outputs")
-
-
 def run_body(body: Network, inputs: list[Any], device: torch.device) -> list[Any]:
-    from kiln.runtime.context import run_network  # the runtime imports the kinds: import at call time
-
     return run_network(body, inputs, device)
 
 

@@ -20,15 +20,15 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.bench.timer import measure
 from kiln.errors import ConfigError, InputError
 from kiln.ir import Network
+from kiln.kinds.interpret import run_network
 from kiln.quant.batching import fitted
-from kiln.quant.calibrate import _feeds, calibration_data
+from kiln.quant.calibrate import batch_feeds, calibration_data
 from kiln.kinds.qtype import INT8, QType
 from kiln.quant.int8 import apply_int8
 from kiln.quant.scheme import QuantScales
-from kiln.runtime.context import run_network
+from kiln.util.timing import measure
 
 METRICS = {"cosine": ">=", "max-rel": "<=", "top1-agreement": ">="}
 MAX_VALIDATION_BATCHES = 64
@@ -88,7 +88,7 @@ def validation_batches(net: Network, source: Any, batch: int, device) -> list[di
     """The validation data as device feeds (at most MAX_VALIDATION_BATCHES batches)."""
     data = calibration_data(source, list(net.inputs), batch)
     out = []
-    for feeds in fitted(net, (_feeds(net, b, device) for b in data.batches), "validation"):
+    for feeds in fitted(net, (batch_feeds(net, b, device) for b in data.batches), "validation"):
         out.append(feeds)
         if len(out) >= MAX_VALIDATION_BATCHES:
             break

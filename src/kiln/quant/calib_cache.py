@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.engine.safe_json import load_json
+from kiln.util.safe_json import load_json
 from kiln.errors import ConfigError
 from kiln.quant import calibrators
 from kiln.quant.scheme import TensorScale

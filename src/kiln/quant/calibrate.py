@@ -20,6 +20,7 @@ import torch
 
 from kiln.errors import InputError
 from kiln.ir import Network
+from kiln.kinds.interpret import run_layers, to_device
 from kiln.util.npyio import read_npy, read_npz
 from kiln.quant import calibrators
 from kiln.quant.batching import fitted
@@ -97,7 +98,8 @@ def calibration_data(source: Any, inputs: list[str], batch: int = 16) -> Calibra
     return CalibrationData(source, description="data from the Python API")
 
 
-def _feeds(net: Network, batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
+def batch_feeds(net: Network, batch: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    """One calibration batch as the network\'s input tensors on `device`, checked against its inputs."""
     if not isinstance(batch, dict) or set(batch) < set(net.inputs):
         raise InputError(f"a calibration batch must be a dict with an array for each input {net.inputs}")
     feeds = {}
@@ -113,8 +115,6 @@ def _feeds(net: Network, batch: Any, device: torch.device) -> dict[str, torch.Te
 
 def collect(net: Network, data: CalibrationData, observe: set[str], device: torch.device) -> dict[str, Histogram]:
     """Statistics of each tensor in `observe` over all of `data`, in one pass of the float network."""
-    from kiln.runtime.context import run_layers, to_device
-
     stats = {name: Histogram() for name in observe}
     consts = {k: to_device(v, device) for k, v in net.constants.items()}
 
@@ -124,7 +124,7 @@ def collect(net: Network, data: CalibrationData, observe: set[str], device: torc
 
     def given():
         for batch in data.batches:
-            feeds = _feeds(net, batch, device)
+            feeds = batch_feeds(net, batch, device)
             data.add(feeds)  # hashed and counted as given, before re-batching
             data.samples += next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).dim() else 1
             yield feeds

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kiln.ir import DType, Layer, Network
+from kiln.kinds.verify import verify_network
 from kiln.kinds.qtype import INT8, QType
 from kiln.passes import PassContext
 from kiln.passes.eliminate_dead import eliminate_dead
@@ -224,7 +225,7 @@ def apply_int8(net: Network, scales: QuantScales, keep_float: set[str] = frozens
                 else "fp32"
     net.layers = rewrite.layers
     eliminate_dead(net, PassContext())
-    net.verify()
+    verify_network(net)
     result.quantize_layers, result.fake_quant = rewrite.quantizes, rewrite.fake_quant
     return result
 

@@ -14,6 +14,7 @@ Network outputs and tensors with any other reader keep their type.
 from __future__ import annotations
 
 from kiln.ir import DType, Network
+from kiln.kinds.verify import verify_network
 from kiln.passes import PassContext
 from kiln.passes.eliminate_dead import eliminate_dead
 from kiln.quant.casts import remove_redundant_casts
@@ -61,6 +62,6 @@ def int8_fp16_io(net: Network) -> list[str]:
             layer.attrs["precision"] = F32
     bypassed = remove_redundant_casts(net)
     eliminate_dead(net, PassContext())
-    net.verify()
+    verify_network(net)
     return [f"int8 with fp16: {written} quantized layers write fp16, {read_direct} fp16 tensors read by "
             f"QuantizeLinear / residuals without a cast, {bypassed} casts bypassed"]

@@ -19,6 +19,7 @@ import torch
 from kiln.config import BuildConfig
 from kiln.errors import ConfigError
 from kiln.ir import DType, Layer, Network
+from kiln.kinds.verify import verify_network
 from kiln.quant.casts import remove_redundant_casts
 from kiln.quant.policy import READS_ANY, allowed, denied, is_data_input, is_data_output
 
@@ -38,7 +39,7 @@ def apply_precision(net: Network, config: BuildConfig) -> list[str]:
     rewrite = _Rewrite(net, targets, None if config.keep_io_precision else flag)
     rewrite.run()
     bypassed = remove_redundant_casts(net)
-    net.verify()
+    verify_network(net)
     counts = {d: sum(t is d for t in targets.values()) for d in set(targets.values())}
     reduced = ", ".join(f"{n} in {d}" for d, n in sorted(counts.items(), key=str)) or "none reduced"
     notes.append(f"precision: of {layers} layers, {reduced}; {rewrite.casts} casts inserted, {bypassed} redundant "

@@ -1,5 +1,7 @@
-"""Running engines: execution contexts, input checking, memory planning."""
+"""Running engines: the Engine (weights and compiled kernels on a device), execution contexts, input checking,
+memory planning."""
 
 from kiln.runtime.context import ExecutionContext
+from kiln.runtime.engine import Engine
 
-__all__ = ["ExecutionContext"]
+__all__ = ["Engine", "ExecutionContext"]

@@ -1,7 +1,7 @@
 """An execution context: runs an engine's layers on its device, one context per thread or stream.
 
-`run_layers` is the one executor: engines run their network through it, and control-flow
-references (If, Loop, Scan, SequenceMap) run their bodies through it via `run_network`.
+The context runs the engine's compiled kernels through the one executor, `kiln.kinds.interpret.run_layers`
+(with the activation arena, a CUDA graph per input signature, and a reference fallback per layer).
 Runtime values are torch tensors, numpy object arrays (strings), lists (sequences) and None
 (empty optionals); only torch tensors are moved or converted.
 """
@@ -9,14 +9,14 @@ Runtime values are torch tensors, numpy object arrays (strings), lists (sequence
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
-from kiln.errors import InputError, InternalError, KilnError, ResourceLimitError
-from kiln.ir import Layer, Network, Tensor
-from kiln.ir.dtype import DType, move, to_numpy
-from kiln.kinds import run_reference
+from kiln.errors import InputError, InternalError, ResourceLimitError
+from kiln.ir import Layer, Tensor
+from kiln.ir.dtype import DType
+from kiln.kinds.interpret import first_line, run_layers, to_device, to_host
 from kiln.runtime.arena import Arena
 from kiln.runtime.cuda_graph import GraphCache
 from kiln.runtime.io import as_torch, check_feeds, check_indices, fetch, index_bounds, upload
@@ -27,86 +27,8 @@ from kiln.tactics.spec import layer_spec
 class KernelFallbackWarning(RuntimeWarning):
     """A compiled kernel failed at run time and the layer's reference ran instead (a bug in kiln)."""
 
-Failure = Callable[[Layer, Exception], Exception]
-Fallback = Callable[[int, Exception], Kernel | None]
-
-
-def run_layers(net: Network, values: dict[str, Any], fail: Failure, release: list[list[str]] | None = None,
-               keep: set[str] = frozenset(), kernels: list[Kernel] | None = None,
-               buffers: list[list | None] | None = None, fallback: Fallback | None = None) -> None:
-    """Run `net`'s layers in order over `values` (updated in place); `fail` turns a layer's error into ours.
-
-    `kernels` (one per layer: the engine's compiled tactics) replace the layers' references where given;
-    `buffers` (per layer: its outputs' places in the activation arena, or None) are handed to them as `out`;
-    `fallback(step, error)` gives the kernel to retry a failed layer with (its reference), or None.
-    """
-    for step, layer in enumerate(net.layers):
-        args = [values[n] if n else None for n in layer.inputs]
-        try:
-            if not kernels:
-                outs = run_reference(layer.kind, args, layer.attrs)
-            elif buffers and buffers[step] is not None:
-                outs = kernels[step](args, out=buffers[step])
-            else:
-                outs = kernels[step](args)
-        except InputError as e:  # a value fed at run time asks for too much (a shape, a size): name what it read
-            raise InputError(f"layer {layer.name!r} ({layer.kind}) reading {[n for n in layer.inputs if n]}: "
-                             f"{e}") from None
-        except KilnError:
-            raise
-        except (RuntimeError, ValueError, IndexError) as e:
-            retry = fallback(step, e) if fallback is not None and kernels else None
-            if retry is None:
-                raise fail(layer, e) from e
-            try:
-                outs = retry(args)
-            except (RuntimeError, ValueError, IndexError) as again:
-                raise fail(layer, again) from again
-        for name, value in zip(layer.outputs, outs):
-            if name:
-                values[name] = value
-        for name in release[step] if release else ():
-            if name not in keep:
-                values.pop(name, None)
-
-
-def run_network(net: Network, inputs: list[Any], device: torch.device) -> list[Any]:
-    """Run a control-flow body on `device`: bind `inputs` to its inputs in order, return its outputs in order."""
-    values = {k: to_device(v, device) for k, v in net.constants.items()}
-    values.update(zip(net.inputs, inputs))
-    run_layers(net, values, _body_failure)
-    return [values[n] for n in net.outputs]
-
-
-def _body_failure(layer: Layer, e: Exception) -> Exception:
-    """Re-raised as a RuntimeError so that the enclosing layer's handler names both layers."""
-    return RuntimeError(f"in body layer {layer.name!r} ({layer.kind}): {_first_line(e)}")
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-def to_device(value: Any, device: torch.device | str) -> Any:
-    """Move torch tensors (also inside sequences) to `device`; strings and None stay where they are."""
-    if isinstance(value, torch.Tensor):
-        return value if value.device == torch.device(device) else move(value, device, non_blocking=True)
-    if isinstance(value, list):
-        return [to_device(v, device) for v in value]
-    return value
-
-
 def _dense(value: Any) -> Any:
     return value.contiguous() if isinstance(value, torch.Tensor) else value
-
-
-def to_host(value: Any) -> Any:
-    """Runtime value → numpy side: tensors become numpy arrays, sequences lists of them."""
-    if isinstance(value, torch.Tensor):
-        return to_numpy(value)
-    if isinstance(value, list):
-        return [to_host(v) for v in value]
-    return value
 
 
 def _feed_value(t: Tensor, value: Any) -> tuple[Any, bool]:
@@ -251,7 +173,7 @@ class ExecutionContext:
         if layer.name not in engine.compiled:
             return None
         warnings.warn(f"layer {layer.name!r} ({layer.kind}): tactic {engine.compiled[layer.name].name} failed at "
-                      f"run time ({_first_line(e)}); ran the layer's reference instead. This is a bug in kiln; "
+                      f"run time ({first_line(e)}); ran the layer's reference instead. This is a bug in kiln; "
                       "please report it with the model and input shapes", KernelFallbackWarning, stacklevel=2)
         spec = layer_spec(engine.network, layer, engine.weights, engine.config.tf32)
         return reference_kernel(spec)
@@ -259,8 +181,8 @@ class ExecutionContext:
     def _failure(self, layer: Layer, e: Exception) -> Exception:
         if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
             return ResourceLimitError(f"layer {layer.name!r} ({layer.kind}) ran out of memory on "
-                                      f"{self.engine.device.torch_device}: {_first_line(e)}; use smaller inputs")
+                                      f"{self.engine.device.torch_device}: {first_line(e)}; use smaller inputs")
         if self.engine.has_dynamic_inputs:
             return InputError(f"layer {layer.name!r} ({layer.kind}) failed on these input shapes: "
-                              f"{_first_line(e)}; check the shapes agree with each other")
+                              f"{first_line(e)}; check the shapes agree with each other")
         return InternalError(f"layer {layer.name!r} ({layer.kind}) failed: {e}")

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.errors import InternalError
-from kiln.tactics import hardware_compat
+from kiln.target import hardware_compat
 from kiln.tactics.spec import LayerSpec
 
 Kernel = Callable[[list[Any]], list[Any]]

@@ -18,7 +18,8 @@ _BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICI
              "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
+def attention_reason(spec: LayerSpec, device) -> str | None:
+    """Why an Attention layer is outside the common case SDPA (and the Triton flash attention) covers, or None."""
     a = spec.attrs
     extra = list(spec.inputs[4:]) + [o for o in spec.outputs[1:] if o.dtype is not None]
     if any(v is not None for v in extra[:3]) or any(o.dtype is not None for o in spec.outputs[1:]):
@@ -77,7 +78,7 @@ def _compile(spec: LayerSpec, config, device):
 
 
 def _supports_all(spec: LayerSpec, device) -> str | None:
-    reason = _supports(spec, device)
+    reason = attention_reason(spec, device)
     if reason is None and spec.attrs.get("is_causal") and len(spec.inputs) > 3 and spec.inputs[3] is not None:
         return "is_causal together with a mask"
     return reason

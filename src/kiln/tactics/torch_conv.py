@@ -12,7 +12,8 @@ from kiln.tactics.spec import LayerSpec
 _CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
+def cudnn_reason(spec: LayerSpec, device) -> str | None:
+    """Why cuDNN (through F.convNd) cannot run this Conv, or None; cudnn_fused_conv checks its plain conv here."""
     if spec.inputs[1] is None or spec.inputs[1].const is None:
         return "weights are not a build-time constant"
     if rank(spec.inputs[0]) not in _CONV:
@@ -22,11 +23,13 @@ def _supports(spec: LayerSpec, device) -> str | None:
     return float_io(spec)
 
 
-def _configs(spec: LayerSpec, device, level: int):
+def cudnn_configs(spec: LayerSpec, device, level: int):
+    """NCHW, and NHWC for a 2-D conv: the memory layouts cuDNN is timed in."""
     return [{"layout": "nchw"}] + ([{"layout": "nhwc"}] if rank(spec.inputs[0]) == 4 else [])
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_cudnn(spec: LayerSpec, config, device):
+    """The Conv as F.convNd in the config's layout (cudnn_fused_conv adds its epilogue to this kernel)."""
     a = spec.attrs
     n = len(a["kernel_shape"])
     pads = list(a["pads"])
@@ -48,4 +51,4 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("cudnn_conv", ("Conv",), _compile, _supports, _configs, priority=10, fresh=True))
+register(Tactic("cudnn_conv", ("Conv",), compile_cudnn, cudnn_reason, cudnn_configs, priority=10, fresh=True))

@@ -43,7 +43,7 @@ def _supports_epilogue(spec: LayerSpec) -> str | None:
 
 
 def _supports_conv(spec: LayerSpec, device) -> str | None:
-    return _supports_epilogue(spec) or torch_conv._supports(_plain(spec, 3), device)
+    return _supports_epilogue(spec) or torch_conv.cudnn_reason(_plain(spec, 3), device)
 
 
 def _plain(spec: LayerSpec, n_inputs: int) -> LayerSpec:
@@ -54,7 +54,7 @@ def _plain(spec: LayerSpec, n_inputs: int) -> LayerSpec:
 
 def _conv_configs(spec: LayerSpec, device, level: int):
     """Both layouts; with a ReLU epilogue on a 2-D conv also cuDNN's fused conv+bias(+add)+ReLU kernel."""
-    configs = torch_conv._configs(spec, device, level)
+    configs = torch_conv.cudnn_configs(spec, device, level)
     a = spec.attrs
     n = len(a["kernel_shape"])
     if a["activation"] == "Relu" and n == 2 and a["pads"][:n] == a["pads"][n:] and hasattr(torch, "cudnn_convolution_relu"):
@@ -86,7 +86,7 @@ def _compile_cudnn_epilogue(spec: LayerSpec, config, device):
 def _compile_conv(spec: LayerSpec, config, device):
     if config.get("epilogue") == "cudnn":
         return _compile_cudnn_epilogue(spec, config, device)
-    conv = torch_conv._compile(_plain(spec, 3), config, device)
+    conv = torch_conv.compile_cudnn(_plain(spec, 3), config, device)
     act, residual = _epilogue(spec), bool(spec.attrs.get("residual"))
 
     def run(inputs):

@@ -13,7 +13,7 @@ from kiln.kernels.common import smem_limit
 from kiln.tactics.common import first, rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.torch_attention import _supports as _sdpa_supports
+from kiln.tactics.torch_attention import attention_reason
 from kiln.tactics.triton_common import io_reason
 
 
@@ -28,7 +28,7 @@ def _mask_reason(mask, full: tuple) -> str | None:
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
-    reason = _sdpa_supports(spec, device)
+    reason = attention_reason(spec, device)
     if reason:
         return reason
     q, k, v = (v.shape for v in spec.inputs[:3])

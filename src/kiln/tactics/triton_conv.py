@@ -8,8 +8,7 @@ from kiln.kernels.common import smem_limit
 from kiln.tactics.common import first, rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_common import io_reason
-from kiln.tactics.triton_gemm import _FUSED_ACTS, _epilogue
+from kiln.tactics.triton_common import FUSED_ACTS, conv_rows, epilogue, io_reason, mark_nhwc
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
@@ -22,7 +21,7 @@ def _supports(spec: LayerSpec, device) -> str | None:
         return "grouped and depthwise convolutions"
     if a.get("auto_pad", "NOTSET") != "NOTSET":
         return "pads are not explicit (input shape unknown at build)"
-    if a.get("activation", "none") not in _FUSED_ACTS:
+    if a.get("activation", "none") not in FUSED_ACTS:
         return f"activation {a['activation']!r} has no Triton epilogue"
     values = [v for v in (*spec.inputs, spec.outputs[0]) if v is not None]
     if len(spec.inputs) > 2 and spec.inputs[2] is not None and rank(spec.inputs[2]) != 1:
@@ -31,11 +30,9 @@ def _supports(spec: LayerSpec, device) -> str | None:
 
 
 def _configs(spec: LayerSpec, device, level: int):
-    x, out = spec.inputs[0].shape, spec.outputs[0].shape
-    m = out[0] * out[2] * out[3] if out and all(isinstance(d, int) for d in (out[0], out[2], out[3])) else None
     co, c = spec.inputs[1].const.shape[:2]
-    cfgs = conv.configs(m, co, c, spec.outputs[0].dtype.torch.itemsize, smem_limit(device), level)
-    return [{"layout": "nhwc", **cfg} for cfg in cfgs]
+    return mark_nhwc(conv.configs(conv_rows(spec.outputs[0].shape), co, c, spec.outputs[0].dtype.torch.itemsize,
+                                  smem_limit(device), level))
 
 
 def _compile(spec: LayerSpec, config, device):
@@ -43,7 +40,7 @@ def _compile(spec: LayerSpec, config, device):
     w = conv.pack_weight(spec.inputs[1].const)
     kernel, strides, dilations = tuple(a["kernel_shape"]), tuple(a["strides"]), tuple(a["dilations"])
     pads = [a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3]]
-    act, act_alpha, act_beta = _epilogue(a) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
+    act, act_alpha, act_beta = epilogue(a) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
     tiles = {k: config[k] for k in conv.CONFIG_KEYS}
     tf32 = spec.tf32
 

@@ -8,12 +8,7 @@ from kiln.kernels.common import smem_limit
 from kiln.tactics.common import first, rank, rowwise
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_common import io_reason, rows
-
-# FusedGemm activation (kinds/fused.py) -> kernels.common.activate name
-_FUSED_ACTS = {"none": "none", "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "HardSwish": "hard_swish",
-               "SiLU": "silu", "Gelu": "gelu_erf", "GeluTanh": "gelu_tanh", "LeakyRelu": "leaky_relu", "Clip": "clip"}
-
+from kiln.tactics.triton_common import FUSED_ACTS, epilogue, io_reason, rows
 
 def _configs(spec: LayerSpec, m: int | None, device, level: int):
     k, n = spec.inputs[1].const.shape[-2:]
@@ -29,7 +24,7 @@ def _supports_matmul(spec: LayerSpec, device) -> str | None:
         return "right operand is not a constant 2-D matrix"
     if rank(spec.inputs[0]) in (None, 0):
         return "left operand rank unknown or scalar"
-    if spec.attrs.get("activation", "none") not in _FUSED_ACTS:
+    if spec.attrs.get("activation", "none") not in FUSED_ACTS:
         return f"activation {spec.attrs['activation']!r} has no Triton epilogue"
     bias = spec.inputs[2] if len(spec.inputs) > 2 else None
     if bias is not None and rank(bias) != 1:
@@ -41,20 +36,11 @@ def _configs_matmul(spec: LayerSpec, device, level: int):
     return _configs(spec, rows(spec.inputs[0]), device, level)
 
 
-def _epilogue(attrs: dict) -> tuple[str, float, float]:
-    """(activation, act_alpha, act_beta) of a FusedGemm: LeakyRelu's alpha, Clip's bounds (None: unbounded)."""
-    name, params = attrs.get("activation", "none"), list(attrs.get("activation_params") or [])
-    if name == "Clip":
-        lo, hi = params
-        return "clip", -float("inf") if lo is None else lo, float("inf") if hi is None else hi
-    return _FUSED_ACTS[name], params[0] if name == "LeakyRelu" else 1.0, 0.0
-
-
 def _compile_matmul(spec: LayerSpec, config, device):
     """MatMul, or FusedGemm (`trans_b`, bias, activation): rows of the N-D left operand times W."""
     b = spec.inputs[1].const
     w = (b.t() if spec.attrs.get("trans_b") else b).contiguous()
-    act, act_alpha, act_beta = _epilogue(spec.attrs)
+    act, act_alpha, act_beta = epilogue(spec.attrs)
     tf32 = spec.tf32
 
     def rows(a, bias, buf):

@@ -10,11 +10,11 @@ from kiln.kinds.qtype import INT8
 from kiln.kinds.quantized import second_attrs
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import rank
+from kiln.tactics.int8_common import tma_device_reason
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_gemm import _epilogue
+from kiln.tactics.triton_common import act_kwargs, epilogue, mark_nhwc
 from kiln.tactics.triton_int8_pair import split_configs
-from kiln.tactics.triton_int8_tma import _device_reason
 
 X, W, W_SCALE, BIAS, R, W2, W2_SCALE, BIAS2, XS, WS, WS_SCALE, BIAS_S = range(12)  # QuantConvChain's inputs
 
@@ -68,6 +68,7 @@ def _compile(spec: LayerSpec, config, device):
     if shortcut is not None:
         shortcut = (int8_conv.pack_weight(shortcut[0][:, :, None, None]), *shortcut[1:])
     b = second_attrs(a)
+    acts, acts2 = act_kwargs(a), act_kwargs(b)
     conv = dict(kernel=(1, 1), pads=[0] * 4, dilations=(1, 1), config={k: config[k] for k in int8_conv.CONFIG_KEYS})
 
     def run(inputs, out=None):
@@ -76,16 +77,11 @@ def _compile(spec: LayerSpec, config, device):
             ws, scale_s, bias_s = shortcut
             r = int8_conv.conv2d(inputs[XS], ws, scale_s, strides=tuple(a["strides2"]), bias=bias_s, **conv)
         y = int8_conv.conv2d(inputs[X], w, scale, strides=(1, 1), bias=bias, residual=r, out_scale=a["out_scale"],
-                             res_scale=a.get("res_scale"), **_acts(a), out=out[0] if out else None, **conv)
-        return [y, int8_conv.conv2d(y, w2, scale2, strides=(1, 1), bias=bias2, out_scale=b["out_scale"], **_acts(b),
+                             res_scale=a.get("res_scale"), **acts, out=out[0] if out else None, **conv)
+        return [y, int8_conv.conv2d(y, w2, scale2, strides=(1, 1), bias=bias2, out_scale=b["out_scale"], **acts2,
                                     out=out[1] if out else None, **conv)]
 
     return run
-
-
-def _acts(attrs) -> dict:
-    act, alpha, beta = _epilogue(attrs)
-    return {"activation": act, "act_alpha": alpha, "act_beta": beta}
 
 
 register(Tactic("triton_int8_conv_chain", ("QuantConvChain",), _compile, _supports, split_configs, priority=15,
@@ -100,12 +96,12 @@ def _shape(spec: LayerSpec) -> tuple[int, int, int, bool, int]:
 
 
 def _supports_wgmma(spec: LayerSpec, device) -> str | None:
-    reason = _supports(spec, device) or _device_reason(device)
+    reason = _supports(spec, device) or tma_device_reason(device)
     if reason is None and not int8_gemm_chain.available():
         return "this triton has no Gluon"
     if reason is None and _input(spec, XS) is not None and tuple(spec.attrs.get("strides2", (1, 1))) != (1, 1):
         return "a stride-1 shortcut conv only (its rows are the first conv's)"
-    if reason is None and any(_epilogue(a)[0] not in int8_gemm_chain.wg.ACTIVATIONS
+    if reason is None and any(epilogue(a)[0] not in int8_gemm_chain.wg.ACTIVATIONS
                               for a in (spec.attrs, second_attrs(spec.attrs))):
         return f"activations {', '.join(int8_gemm_chain.wg.ACTIVATIONS)} only"
     if reason is None and not _wgmma_configs(spec, device, 3):
@@ -115,16 +111,16 @@ def _supports_wgmma(spec: LayerSpec, device) -> str | None:
 
 def _wgmma_configs(spec: LayerSpec, device, level: int):
     out, (k, n, n2, residual, kx) = spec.outputs[0].shape, _shape(spec)
-    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_chain.configs(out[0] * out[2] * out[3], k, n, n2,
-                                                                         smem_limit(device), residual, kx)]
+    return mark_nhwc(int8_gemm_chain.configs(out[0] * out[2] * out[3], k, n, n2, smem_limit(device), residual,
+                                             kx))
 
 
 def _compile_wgmma(spec: LayerSpec, config, device):
     a = spec.attrs
     w, scale, bias, w2, scale2, bias2, shortcut = _constants(spec)
     b = second_attrs(a)
-    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              out2_scale=b["out_scale"], activation2=_epilogue(b)[0],
+    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=epilogue(a)[0],
+              out2_scale=b["out_scale"], activation2=epilogue(b)[0],
               config={k: config[k] for k in int8_gemm_chain.CONFIG_KEYS})
     n, k, h, wd = spec.inputs[X].shape
     rows = lambda t: t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])  # noqa: E731 (NHWC memory: a view)

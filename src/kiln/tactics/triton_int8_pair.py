@@ -10,10 +10,10 @@ from kiln.kernels.common import smem_limit
 from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first, rank
+from kiln.tactics.int8_common import tma_device_reason
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_gemm import _epilogue
-from kiln.tactics.triton_int8_tma import _device_reason
+from kiln.tactics.triton_common import act_kwargs, epilogue, mark_nhwc
 
 X, W, W_SCALE, BIAS, X2, W2, W2_SCALE, BIAS2 = range(8)  # QuantConvPair's inputs
 
@@ -43,23 +43,21 @@ def _epilogue_constants(spec: LayerSpec):
 def split_configs(spec: LayerSpec, device, level: int):
     """The split tactics' tiles (pair and chain): the first conv's Triton implicit-GEMM tiles over the output map."""
     out, c = spec.outputs[0].shape, spec.inputs[W].const.shape[1]
-    return [{"layout": "nhwc", **cfg} for cfg in int8_conv.configs(out[0] * out[2] * out[3], out[1], c,
-                                                                   smem_limit(device), level)]
+    return mark_nhwc(int8_conv.configs(out[0] * out[2] * out[3], out[1], c, smem_limit(device), level))
 
 
 def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
     w, w2 = (int8_conv.pack_weight(spec.inputs[k].const) for k in (W, W2))
     scale, bias, scale2, bias2 = _epilogue_constants(spec)
-    act, act_alpha, act_beta = _epilogue(a)
+    acts = act_kwargs(a)
     tiles = {k: config[k] for k in int8_conv.CONFIG_KEYS}
     conv = dict(kernel=(1, 1), pads=[0] * 4, dilations=(1, 1), config=tiles)
 
     def run(inputs, out=None):
         r = int8_conv.conv2d(inputs[X2], w2, scale2, strides=tuple(a["strides2"]), bias=bias2, **conv)  # fp32
         return [int8_conv.conv2d(inputs[X], w, scale, strides=tuple(a["strides"]), bias=bias, residual=r,
-                                 out_scale=a["out_scale"], activation=act, act_alpha=act_alpha, act_beta=act_beta,
-                                 out=first(out), **conv)]
+                                 out_scale=a["out_scale"], **acts, out=first(out), **conv)]
 
     return run
 
@@ -71,7 +69,7 @@ register(Tactic("triton_int8_conv_pair", ("QuantConvPair",), _compile, _supports
 def _wgmma_reason(spec: LayerSpec) -> str | None:
     if not int8_conv_pair.available():
         return "this triton has no Gluon"
-    if _epilogue(spec.attrs)[0] not in int8_conv_pair.wg.ACTIVATIONS:
+    if epilogue(spec.attrs)[0] not in int8_conv_pair.wg.ACTIVATIONS:
         return f"activations {', '.join(int8_conv_pair.wg.ACTIVATIONS)} only"
     if any(spec.inputs[k].const.shape[0] % 16 or spec.inputs[k].const.shape[1] % 16 for k in (W, W2)):
         return "channels must be multiples of 16 (TMA's 16-byte rows)"
@@ -79,7 +77,7 @@ def _wgmma_reason(spec: LayerSpec) -> str | None:
 
 
 def _supports_wgmma(spec: LayerSpec, device) -> str | None:
-    reason = _supports(spec, device) or _wgmma_reason(spec) or _device_reason(device)
+    reason = _supports(spec, device) or _wgmma_reason(spec) or tma_device_reason(device)
     if reason is None and not _wgmma_configs(spec, device, 3):
         return "no tile fits: both convs' weight blocks too big for shared memory"
     return reason
@@ -87,8 +85,7 @@ def _supports_wgmma(spec: LayerSpec, device) -> str | None:
 
 def _wgmma_configs(spec: LayerSpec, device, level: int):
     out, (c, c2) = spec.outputs[0].shape, (spec.inputs[k].const.shape[1] for k in (W, W2))
-    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_pair.configs(out[2], out[3], out[1], c, c2,
-                                                                        smem_limit(device))]
+    return mark_nhwc(int8_conv_pair.configs(out[2], out[3], out[1], c, c2, smem_limit(device)))
 
 
 def _compile_wgmma(spec: LayerSpec, config, device):
@@ -96,7 +93,7 @@ def _compile_wgmma(spec: LayerSpec, config, device):
     w, w2 = (spec.inputs[k].const.reshape(spec.inputs[k].const.shape[:2]).contiguous() for k in (W, W2))
     scale, bias, scale2, bias2 = _epilogue_constants(spec)
     (sh, sw), (sh2, sw2) = a["strides"], a["strides2"]
-    kw = dict(out_scale=a["out_scale"], activation=_epilogue(a)[0],
+    kw = dict(out_scale=a["out_scale"], activation=epilogue(a)[0],
               config={k: config[k] for k in int8_conv_pair.CONFIG_KEYS})
 
     def run(inputs, out=None):  # a strided 1x1 conv reads its input's subsample
@@ -113,4 +110,5 @@ register(Tactic("triton_int8_conv_pair_wgmma", ("QuantConvPair",), _compile_wgmm
 def fast_on(device) -> bool:
     """Whether `device` runs QuantConvPair through the Gluon pair kernel (a CUDA Hopper GPU and a triton with
     Gluon): where the build fuses such pairs."""
-    return getattr(device, "backend", None) == "cuda" and int8_conv_pair.available() and _device_reason(device) is None
+    return getattr(device, "backend", None) == "cuda" and int8_conv_pair.available() and \
+        tma_device_reason(device) is None

@@ -12,15 +12,14 @@ from __future__ import annotations
 from kiln.kernels import int8_conv, int8_conv_halo, space_to_depth
 from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
-from kiln.kinds.qtype import FP8, INT8
-from kiln.kinds.quantized import float_out
+from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
+from kiln.tactics.int8_common import (gluon_epilogue_kwargs, gluon_epilogue_reason, qtype_reason, register_qtypes,
+                                      tma_device_reason, triton_epilogue_kwargs)
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_gemm import _epilogue
-from kiln.tactics.triton_int8_tma import _device_reason
-from kiln.tactics.triton_int8_wgmma import _epilogue_reason
+from kiln.tactics.triton_common import mark_nhwc
 
 CHANNELS = 16  # S's channels: 4·C ≤ 16, and 16 bytes make a TMA row
 
@@ -40,19 +39,11 @@ def _reason(spec: LayerSpec) -> str | None:
     return None
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
-    return _reason(spec) or int8_lowering.supports(spec, INT8)
-
-
-def _supports_fp8(spec: LayerSpec, device) -> str | None:
-    return _reason(spec) or int8_lowering.supports(spec, FP8) or int8_lowering.fp8_device_reason(device)
-
-
 def _configs(spec: LayerSpec, device, level: int):
     out, (co, _, _, kw) = spec.outputs[0].shape, spec.inputs[1].const.shape
     m = out[0] * out[2] * out[3] if isinstance(out[0], int) else None
     row = (kw + 1) // 2 * CHANNELS  # the view's channels: one kernel row of S
-    return [{"layout": "nhwc", **c} for c in int8_conv.configs(m, co, row, smem_limit(device), level)]
+    return mark_nhwc(int8_conv.configs(m, co, row, smem_limit(device), level))
 
 
 def _rows_of(spec: LayerSpec):
@@ -71,10 +62,8 @@ def _rows_of(spec: LayerSpec):
 def _compile(spec: LayerSpec, config, device):
     a = spec.attrs
     form, packed, rows, k2 = _rows_of(spec)
-    act, act_alpha, act_beta = _epilogue(a)
     has_residual = int8_lowering.has_residual(spec)
-    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=act, act_alpha=act_alpha,
-              act_beta=act_beta, out_dtype=float_out(a), config={k: config[k] for k in int8_conv.CONFIG_KEYS})
+    kw = dict(triton_epilogue_kwargs(a), config={k: config[k] for k in int8_conv.CONFIG_KEYS})
 
     def run(inputs, out=None):
         return [int8_conv.conv2d(rows(inputs[0]), packed, form.scale, (k2[0], 1), (1, 1), [0, 0, 0, 0], (1, 1),
@@ -83,10 +72,7 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_int8_conv_s2d", ("QuantConv",), _compile, _supports, _configs, priority=14,
-                writes_out=True))
-register(Tactic("triton_fp8_conv_s2d", ("QuantConv",), _compile, _supports_fp8, _configs, priority=14,
-                arch_specific=True, writes_out=True))
+register_qtypes("conv_s2d", ("QuantConv",), _compile, _configs, priority=14, layer_reason=_reason)
 
 
 def _halo_geometry(spec: LayerSpec) -> tuple[tuple[int, int], int]:
@@ -98,14 +84,15 @@ def _halo_geometry(spec: LayerSpec) -> tuple[tuple[int, int], int]:
 def _halo_configs(spec: LayerSpec, device, level: int):
     out, co = spec.outputs[0].shape, spec.inputs[1].const.shape[0]
     kernel, c = _halo_geometry(spec)
-    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_halo.configs(
-        kernel, out[2], out[3], co, c, smem_limit(device), int8_lowering.has_residual(spec))]
+    return mark_nhwc(int8_conv_halo.configs(kernel, out[2], out[3], co, c, smem_limit(device),
+                                            int8_lowering.has_residual(spec)))
 
 
 def _supports_halo(spec: LayerSpec, device) -> str | None:
     if not int8_conv_halo.available():
         return int8_conv_halo.UNAVAILABLE
-    reason = _supports(spec, device) or _epilogue_reason(spec) or _device_reason(device)
+    reason = _reason(spec) or qtype_reason(spec, device, INT8) or gluon_epilogue_reason(spec) or \
+        tma_device_reason(device)
     if reason is None and not _halo_configs(spec, device, 3):
         return "no tile fits shared memory"
     return reason
@@ -116,8 +103,7 @@ def _compile_halo(spec: LayerSpec, config, device):
     form, packed, rows, _ = _rows_of(spec)
     has_residual = int8_lowering.has_residual(spec)
     kernel, _ = _halo_geometry(spec)
-    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
+    kw = dict(gluon_epilogue_kwargs(a), config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
 
     def run(inputs, out=None):
         return [int8_conv_halo.conv2d(rows(inputs[0]), packed, form.scale, kernel, [0, 0, 0, 0], form.bias,

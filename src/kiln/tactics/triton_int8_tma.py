@@ -9,51 +9,26 @@ ones; all are architecture-specific."""
 from __future__ import annotations
 
 from kiln.kernels import int8_conv, int8_conv_tma, int8_gemm_tma
-from kiln.kernels.common import capability, smem_limit
+from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
-from kiln.kinds.qtype import FP8, INT8
-from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
-from kiln.tactics.registry import Tactic, register
+from kiln.tactics.int8_common import (gemm_rows, mark_nhwc, nhwc, out_hw, register_qtypes, tma_conv_reason,
+                                      tma_device_reason, triton_epilogue_kwargs)
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_gemm import _epilogue
-from kiln.tactics.triton_int8 import _m, nhwc
-
-TMA_MIN_CC = (9, 0)
-
-
-def _device_reason(device) -> str | None:
-    if int8_gemm_tma.TensorDescriptor is None:
-        return "this triton has no tensor descriptors"
-    cc = capability(device)
-    if cc is not None and cc < TMA_MIN_CC:
-        return f"TMA needs compute capability 9.0, the device has {cc[0]}.{cc[1]}"
-    return None
-
-
-def _supports(spec: LayerSpec, device) -> str | None:
-    return int8_lowering.supports(spec, INT8) or _device_reason(device)
-
-
-def _supports_fp8(spec: LayerSpec, device) -> str | None:
-    return int8_lowering.supports(spec, FP8) or int8_lowering.fp8_device_reason(device) or _device_reason(device)
 
 
 def _configs(spec: LayerSpec, device, level: int):
     w = spec.inputs[1].const
-    return nhwc(spec, int8_gemm_tma.configs(_m(spec), w.shape[0], w[0].numel(), smem_limit(device)))
+    return nhwc(spec, int8_gemm_tma.configs(gemm_rows(spec), w.shape[0], w[0].numel(), smem_limit(device)))
 
 
 def _compile(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     w = form.w  # [N, K], K contiguous: TMA's layout
-    scale, bias, out_scale, res_scale = form.scale, form.bias, spec.attrs["out_scale"], spec.attrs.get("res_scale")
-    act, act_alpha, act_beta = _epilogue(spec.attrs)
-    out_dtype = float_out(spec.attrs)
+    scale, bias = form.scale, form.bias
     has_residual = int8_lowering.has_residual(spec)
-    kw = dict(out_scale=out_scale, res_scale=res_scale, activation=act, act_alpha=act_alpha, act_beta=act_beta,
-              out_dtype=out_dtype, config=config)
+    kw = dict(triton_epilogue_kwargs(spec.attrs), config=config)
 
     def run(inputs, out=None):
         x = inputs[0]
@@ -63,27 +38,13 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_int8_gemm_tma", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=19,
-                arch_specific=True, writes_out=True))
-register(Tactic("triton_fp8_gemm_tma", ("QuantGemm", "QuantConv"), _compile, _supports_fp8, _configs, priority=19,
-                arch_specific=True, writes_out=True))
-
-
-def _conv_reason(spec: LayerSpec) -> str | None:
-    a, w = spec.attrs, spec.inputs[1].const
-    if spec.kind != "QuantConv" or w is None or w.dim() != 4:
-        return "2-D convolutions only"
-    if (tuple(a.get("strides", (1, 1))) != (1, 1) and not int8_lowering.subsample(spec)) or a.get("group", 1) != 1:
-        return "group 1, stride 1 (or a strided 1x1 unpadded conv: a subsample) only"
-    if not int8_conv_tma.addressable(w.shape[1], w.shape[2] * w.shape[3]):
-        return "input channels not a multiple of 16 (TMA's 16-byte strides)"
-    return None
+register_qtypes("gemm_tma", ("QuantGemm", "QuantConv"), _compile, _configs, priority=19,
+                device_reason=tma_device_reason, arch_specific=True)
 
 
 def _conv_configs(spec: LayerSpec, device, level: int):
-    out, (co, c) = spec.outputs[0].shape, spec.inputs[1].const.shape[:2]
-    oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
-    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_tma.configs(oh, ow, co, c, smem_limit(device))]
+    (oh, ow), (co, c) = out_hw(spec), spec.inputs[1].const.shape[:2]
+    return mark_nhwc(int8_conv_tma.configs(oh, ow, co, c, smem_limit(device)))
 
 
 def _compile_conv(spec: LayerSpec, config, device):
@@ -92,10 +53,8 @@ def _compile_conv(spec: LayerSpec, config, device):
     w = int8_conv.pack_weight(spec.inputs[1].const)
     pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
     kernel, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["dilations"])
-    act, act_alpha, act_beta = _epilogue(a)
     has_residual = int8_lowering.has_residual(spec)
-    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=act, act_alpha=act_alpha,
-              act_beta=act_beta, out_dtype=float_out(a), config={k: config[k] for k in int8_conv_tma.CONFIG_KEYS})
+    kw = dict(triton_epilogue_kwargs(a), config={k: config[k] for k in int8_conv_tma.CONFIG_KEYS})
 
     step = int8_lowering.subsample(spec) or (1, 1)  # a strided 1x1 conv: its input's subsample
 
@@ -107,9 +66,5 @@ def _compile_conv(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_int8_conv_tma", ("QuantConv",), _compile_conv,
-                lambda spec, device: _conv_reason(spec) or _supports(spec, device), _conv_configs, priority=19,
-                arch_specific=True, writes_out=True))
-register(Tactic("triton_fp8_conv_tma", ("QuantConv",), _compile_conv,
-                lambda spec, device: _conv_reason(spec) or _supports_fp8(spec, device), _conv_configs, priority=19,
-                arch_specific=True, writes_out=True))
+register_qtypes("conv_tma", ("QuantConv",), _compile_conv, _conv_configs, priority=19, layer_reason=tma_conv_reason,
+                device_reason=tma_device_reason, arch_specific=True)

@@ -15,24 +15,10 @@ from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
+from kiln.tactics.int8_common import (gemm_rows, gluon_epilogue_kwargs, gluon_epilogue_reason, mark_nhwc, nhwc,
+                                      out_hw, tma_conv_reason, tma_device_reason)
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_gemm import _epilogue
-from kiln.tactics.triton_int8 import _m, nhwc
-from kiln.tactics.triton_int8_tma import _conv_reason, _device_reason
-
-
-def _epilogue_reason(spec: LayerSpec) -> str | None:
-    a = spec.attrs
-    if not int8_gemm_wgmma.available():
-        return "this triton has no Gluon"
-    if _epilogue(a)[0] not in int8_gemm_wgmma.ACTIVATIONS:
-        return f"activations {', '.join(int8_gemm_wgmma.ACTIVATIONS)} only"
-    if a.get("out_scale") is None:
-        return "requantized int8 outputs only"
-    if int8_lowering.has_residual(spec) and a.get("res_scale") is None:
-        return "int8 residuals only"
-    return None
 
 
 def _gemm_reason(spec: LayerSpec) -> str | None:
@@ -46,8 +32,8 @@ def _gemm_reason(spec: LayerSpec) -> str | None:
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
-    return int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or _gemm_reason(spec) or \
-        _device_reason(device)
+    return int8_lowering.supports(spec, INT8) or gluon_epilogue_reason(spec) or _gemm_reason(spec) or \
+        tma_device_reason(device)
 
 
 def _configs(spec: LayerSpec, device, level: int):
@@ -55,15 +41,14 @@ def _configs(spec: LayerSpec, device, level: int):
     w, smem = spec.inputs[1].const, smem_limit(device)
     n, k = w.shape[0], w[0].numel()
     return nhwc(spec, int8_gemm_wgmma.stream_configs(n, k, smem, int8_lowering.has_residual(spec))
-                + int8_gemm_wgmma.configs(_m(spec), n, k, smem))
+                + int8_gemm_wgmma.configs(gemm_rows(spec), n, k, smem))
 
 
 def _compile(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     a = spec.attrs
     has_residual = int8_lowering.has_residual(spec)
-    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              config={k: v for k, v in config.items() if k != "layout"})
+    kw = dict(gluon_epilogue_kwargs(a), config={k: v for k, v in config.items() if k != "layout"})
 
     def run(inputs, out=None):
         x = inputs[0]
@@ -96,17 +81,16 @@ def _strided_reason(spec: LayerSpec) -> str | None:
 
 
 def _supports_conv(spec: LayerSpec, device) -> str | None:
-    reason = _conv_reason(spec) if _strides(spec) == (1, 1) else _strided_reason(spec)
-    return int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or reason or _device_reason(device)
+    reason = tma_conv_reason(spec) if _strides(spec) == (1, 1) else _strided_reason(spec)
+    return int8_lowering.supports(spec, INT8) or gluon_epilogue_reason(spec) or reason or tma_device_reason(device)
 
 
 def _conv_configs(spec: LayerSpec, device, level: int):
     """The kernel's tiles; a strided conv's only where BLOCK_K divides C (a phase's channels end at C)."""
-    out, (co, c) = spec.outputs[0].shape, spec.inputs[1].const.shape[:2]
-    oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
+    (oh, ow), (co, c) = out_hw(spec), spec.inputs[1].const.shape[:2]
     strided = _strides(spec) != (1, 1)
-    return [{"layout": "nhwc", **cfg} for cfg in int8_gemm_wgmma.conv_configs(oh, ow, co, c, smem_limit(device))
-            if not (strided and c % cfg["BLOCK_K"])]
+    return mark_nhwc(cfg for cfg in int8_gemm_wgmma.conv_configs(oh, ow, co, c, smem_limit(device))
+                     if not (strided and c % cfg["BLOCK_K"]))
 
 
 def _compile_conv(spec: LayerSpec, config, device):
@@ -115,8 +99,8 @@ def _compile_conv(spec: LayerSpec, config, device):
     pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
     kernel, dilations = tuple(spec.inputs[1].const.shape[2:]), tuple(a["dilations"])
     has_residual = int8_lowering.has_residual(spec)
-    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              config={k: config[k] for k in int8_gemm_wgmma.CONV_KEYS if k in config}, strides=_strides(spec))
+    kw = dict(gluon_epilogue_kwargs(a), config={k: config[k] for k in int8_gemm_wgmma.CONV_KEYS if k in config},
+              strides=_strides(spec))
     step = int8_lowering.subsample(spec) or (1, 1)
 
     def run(inputs, out=None):
@@ -146,18 +130,17 @@ def _halo_reason(spec: LayerSpec) -> str | None:
 def _supports_halo(spec: LayerSpec, device) -> str | None:
     if not int8_conv_halo.available():
         return int8_conv_halo.UNAVAILABLE
-    reason = int8_lowering.supports(spec, INT8) or _epilogue_reason(spec) or _halo_reason(spec) or \
-        _device_reason(device)
+    reason = int8_lowering.supports(spec, INT8) or gluon_epilogue_reason(spec) or _halo_reason(spec) or \
+        tma_device_reason(device)
     if reason is None and not _halo_configs(spec, device, 3):
         return "no tile fits: channels not multiples of 16, or the weight block too big for shared memory"
     return reason
 
 
 def _halo_configs(spec: LayerSpec, device, level: int):
-    out, (co, c, kh, kw) = spec.outputs[0].shape, spec.inputs[1].const.shape
-    oh, ow = (d if isinstance(d, int) else None for d in (out or (None,) * 4)[2:])
-    return [{"layout": "nhwc", **cfg} for cfg in int8_conv_halo.configs(
-        (kh, kw), oh, ow, co, c, smem_limit(device), int8_lowering.has_residual(spec))]
+    (oh, ow), (co, c, kh, kw) = out_hw(spec), spec.inputs[1].const.shape
+    return mark_nhwc(int8_conv_halo.configs((kh, kw), oh, ow, co, c, smem_limit(device),
+                                            int8_lowering.has_residual(spec)))
 
 
 def _compile_halo(spec: LayerSpec, config, device):
@@ -166,8 +149,7 @@ def _compile_halo(spec: LayerSpec, config, device):
     pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
     kernel = tuple(spec.inputs[1].const.shape[2:])
     has_residual = int8_lowering.has_residual(spec)
-    kw = dict(out_scale=a["out_scale"], res_scale=a.get("res_scale"), activation=_epilogue(a)[0],
-              config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
+    kw = dict(gluon_epilogue_kwargs(a), config={k: config[k] for k in int8_conv_halo.CONFIG_KEYS})
 
     def run(inputs, out=None):
         return [int8_conv_halo.conv2d(inputs[0], w, form.scale, kernel, pads, form.bias,

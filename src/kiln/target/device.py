@@ -40,7 +40,7 @@ def _driver_version() -> str | None:
 class Device:
     """A backend (cpu or cuda) and what identifies it for plan compatibility.
 
-    `hardware_compat` is the class of devices a build targets (see builder/hardware_compat.py): tactics
+    `hardware_compat` is the class of devices a build targets (see target/hardware_compat.py): tactics
     read it to keep only configurations valid on every device of that class.
     """
 

@@ -8,22 +8,25 @@ from pathlib import Path
 
 import torch
 
-from kiln.builder.autotune import Choice
-from kiln.builder.device import Device
+from kiln.builder.build import Progress, build as build_pipeline
 from kiln.config import BuildConfig
 from kiln.engine import compat, plan, signing
 from kiln.engine.retune import retune
 from kiln.engine.serialize import network_from_json, network_to_json
-from kiln.engine.safe_json import printable
 from kiln.errors import KilnError, PlanError
 from kiln.ir import Network
-from kiln.runtime.context import to_device
-from kiln.runtime.host_inputs import HOST_INPUTS, with_host_constants
+from kiln.kinds.interpret import to_device
+from kiln.runtime.context import ExecutionContext
 from kiln.runtime.memory_plan import plan_memory
-from kiln.tactics import hardware_compat, registry
+from kiln.tactics import registry
+from kiln.tactics.choice import Choice
+from kiln.tactics.host_inputs import HOST_INPUTS, with_host_constants
 from kiln.tactics.registry import Kernel
 from kiln.tactics.spec import layer_spec
+from kiln.target import hardware_compat
+from kiln.target.device import Device
 from kiln.util import files
+from kiln.util.safe_json import printable
 
 
 class Engine:
@@ -89,14 +92,20 @@ class Engine:
     def outputs(self):
         return [self.network.tensors[n] for n in self.network.outputs]
 
-    def create_context(self):
-        from kiln.runtime.context import ExecutionContext
-
+    def create_context(self) -> ExecutionContext:
         return ExecutionContext(self)
 
     def run(self, feeds):
         """One-off convenience: a fresh context's run."""
         return self.create_context().run(feeds)
+
+    @classmethod
+    def build(cls, model, config: BuildConfig | None = None, progress: Progress | None = None, calib_data=None,
+              validation_data=None, base_dir: str | os.PathLike | None = None) -> "Engine":
+        """Build an engine for the best device present (or `config.device`) from an ONNX model (the builder's
+        pipeline, its tuned network made into this class). `base_dir`: the folder holding the external data of a
+        model given as bytes or a ModelProto."""
+        return build_pipeline(model, config, progress, calib_data, validation_data, base_dir, make_engine=cls)
 
     # -- plan files -----------------------------------------------------------------------
     def serialize(self, plan_name: str = "MODEL.plan", sign_key=None) -> bytes:
