@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/kiln demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check --no-cache .
 	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 conformance: $(STAMP)

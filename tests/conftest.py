@@ -1,9 +1,16 @@
 """Shared pytest setup: the gpu marker skips cleanly on machines without CUDA."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# tests/ mirrors src/kiln/ in folders; shared helpers (opcheck, passcheck, models) sit in tests/ and test modules import
+# each other by file name (`from test_cli import invoke`), so every test folder is on the import path
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE)] + sorted(str(d) for d in HERE.iterdir() if d.is_dir() and any(d.glob("test_*.py")))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -35,7 +35,8 @@ def make_model(op_type: str, inputs: dict[str, np.ndarray], attrs: dict | None =
     node = helper.make_node(op_type, order, outs, name=f"{op_type.lower()}_node", domain=domain, **(attrs or {}))
     graph = helper.make_graph(
         [node], "g",
-        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in inputs.items()],
         [helper.make_empty_tensor_value_info(o) for o in outs],
         initializer=[onnx.numpy_helper.from_array(v, k) for k, v in constants.items()],
     )

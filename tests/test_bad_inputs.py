@@ -22,7 +22,7 @@ from kiln.errors import (EngineCompatibilityError, InputError, KilnError, ModelE
                          SecurityError, ShapeError, UnsupportedOpError)
 from kiln.ir import DType
 from kiln.runtime.io import check_byte_length
-from tests.test_cli import assert_one_error_line, invoke
+from test_cli import assert_one_error_line, invoke
 
 
 def _model(nodes=None, inputs=None, outputs=None, inits=(), opset=17, **kw):

@@ -57,7 +57,8 @@ def check(src: Path) -> tuple[list[str], list[str], set[str]]:
                 continue
             if RANK[other] > RANK[me]:
                 up.append(f"{rel}:{line}: {me} imports {module} (layer {other})")
-            private += [f"{rel}: from {module} import {n}" for n in names if n.startswith("_") and not n.startswith("__")]
+            private += [f"{rel}: from {module} import {n}" for n in names
+                        if n.startswith("_") and not n.startswith("__")]
     return up, private, unknown
 
 

@@ -16,7 +16,7 @@ import kiln
 from kiln.errors import InputError, ModelError, ResourceLimitError, SecurityError
 from kiln.util import npyio
 from kiln.frontend.onnx import external_data
-from tests.test_cli import assert_one_error_line, invoke
+from test_cli import assert_one_error_line, invoke
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
@@ -162,7 +162,8 @@ def _npy_claiming(path, shape, data=b"\0" * 16):
 
 def _relu(tmp_path):
     m = _model([helper.make_node("Relu", ["x"], ["y"], name="relu0")],
-               [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])], [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])])
+               [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+               [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])])
     onnx.save(m, tmp_path / "m.onnx")
     return tmp_path / "m.onnx"
 
@@ -303,7 +304,8 @@ def test_input_driven_pads_are_input_errors():
 
 def test_a_profile_larger_than_the_device_is_refused_before_the_build(tmp_path):
     m = _model([helper.make_node("Relu", ["x"], ["y"], name="relu0")],
-               [helper.make_tensor_value_info("x", T.FLOAT, ["n", 4])], [helper.make_tensor_value_info("y", T.FLOAT, ["n", 4])])
+               [helper.make_tensor_value_info("x", T.FLOAT, ["n", 4])],
+               [helper.make_tensor_value_info("y", T.FLOAT, ["n", 4])])
     onnx.save(m, tmp_path / "m.onnx")
     huge = {"x": ((1, 4), (1, 4), (9_999_999_999_999, 4))}
     with pytest.raises(ResourceLimitError, match="input 'x' at its max shape"):

@@ -1,7 +1,6 @@
 """A custom-domain op is refused with a pointer to plugins, then runs once registered as one."""
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import helper, TensorProto as T

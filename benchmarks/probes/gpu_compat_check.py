@@ -113,7 +113,8 @@ def build_mode(out: Path, opt_level: int, device: str) -> None:
     cache = out / f"timing-{tag}.db"
     cache.unlink(missing_ok=True)  # cold: the build times below include tuning every layer
     x = torch.randn(input_shape(device), device=device)
-    rows, results = [], facts(device) | {"device": gpu, "model": "MobileNetV2 fp16 batch 8", "opt_level": opt_level, "plans": {}}
+    rows, results = [], facts(device) | {"device": gpu, "model": "MobileNetV2 fp16 batch 8", "opt_level": opt_level,
+                                         "plans": {}}
     outputs = {}
     for compat in ("none", "portable"):
         t0 = time.perf_counter()

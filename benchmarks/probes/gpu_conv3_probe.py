@@ -1,4 +1,5 @@
-"""On a Hopper GPU: ResNet-50 b64's 3x3 convs (layers 3-4 stride 1, layers 2-4 stride 2) through each int8 conv kernel kiln has
+"""On a Hopper GPU: ResNet-50 b64's 3x3 convs (layers 3-4 stride 1, layers 2-4 stride 2) through each int8 conv \
+kernel kiln has
 at every config (and extra TMA-conv tiles given on the command line), timed by CUDA-graph replay, each checked
 bit for bit against the pointer conv (kernels/int8_conv.py).
 

@@ -23,7 +23,8 @@ def main() -> None:
     args = parser(__doc__, out_help="optional JSON file for the rows").parse_args()
     banner()
     rows = []
-    print(f"{'n c hw co k':22} {'cudnn fp16':>10} {'int_mm':>8} " + " ".join(f"{t:>22}" for t in ("N-major best", "K-major best")))
+    print(f"{'n c hw co k':22} {'cudnn fp16':>10} {'int_mm':>8} "
+          + " ".join(f"{t:>22}" for t in ("N-major best", "K-major best")))
     for n, c, hw, co, k in SHAPES:
         x16 = torch.randn(n, c, hw, hw, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
         w16 = torch.randn(co, c, k, k, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
@@ -50,7 +51,8 @@ def main() -> None:
             best.append(min(times))
         rows.append({"shape": [n, c, hw, co, k], "cudnn_fp16_ms": t_cudnn, "int_mm_ms": t_mm,
                      "n_major_best": best[0], "k_major_best": best[1]})
-        print(f"{n} {c} {hw} {co} {k:<10} {t_cudnn:10.3f} {t_mm:8.3f} " + " ".join(f"{t:8.3f} {c_[:60]}" for t, c_ in best))
+        print(f"{n} {c} {hw} {co} {k:<10} {t_cudnn:10.3f} {t_mm:8.3f} "
+              + " ".join(f"{t:8.3f} {c_[:60]}" for t, c_ in best))
     if args.out:
         write_json(args.out, {"rows": rows})
 

@@ -45,7 +45,8 @@ def main() -> None:
             x16 = a16.view(m // (hw * hw), hw, hw, k).permute(0, 3, 1, 2)
             x16 = x16.contiguous(memory_format=torch.channels_last)
             w4 = w16.view(n, k, 1, 1).contiguous(memory_format=torch.channels_last)
-            row["fp16_cudnn"] = graph_ms(lambda: torch.cudnn_convolution_relu(x16, w4, bias.half(), (1, 1), (0, 0), (1, 1), 1))
+            row["fp16_cudnn"] = graph_ms(
+                lambda: torch.cudnn_convolution_relu(x16, w4, bias.half(), (1, 1), (0, 0), (1, 1), 1))
             x8 = a.view(m // (hw * hw), hw, hw, k).permute(0, 3, 1, 2)
             packed = int8_conv.pack_weight(w.view(n, k, 1, 1))
             row["kiln_conv"] = best([(str(c), lambda c=c: int8_conv.conv2d(
@@ -66,7 +67,8 @@ def main() -> None:
             kw = dict(residual=res, res_scale=0.01, out_scale=0.05, activation="relu")
             tiles = int8_gemm_tma.configs(m, n, k, SMEM)[:4]
             for early in (False, True):
-                row[f"tma_res{'_early' if early else ''}"] = best([(str(c), lambda c=c, early=early: int8_gemm_tma.matmul(
+                row[f"tma_res{'_early' if early else ''}"] = best(
+                    [(str(c), lambda c=c, early=early: int8_gemm_tma.matmul(
                     a, w, scale, bias, config=c, res_early=early, **kw)) for c in tiles])
             res4 = res.view(m // (hw * hw), hw, hw, n).permute(0, 3, 1, 2)
             row["conv_res"] = best([(str(c), lambda c=c: int8_conv.conv2d(

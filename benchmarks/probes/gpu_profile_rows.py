@@ -59,7 +59,8 @@ def main() -> None:
         if "by_kind" not in r:
             print(r)
             continue
-        print(f"\n{r['model']} b{r['batch']}: graph {r['graph_ms']:.3f} ms, eager layer sum {r['eager_sum_ms']:.3f} ms, "
+        print(f"\n{r['model']} b{r['batch']}: graph {r['graph_ms']:.3f} ms, "
+              f"eager layer sum {r['eager_sum_ms']:.3f} ms, "
               f"{r['layers']} layers")
         for g in r["by_kind"][:7]:
             print(f"  {g['percent']:5.1f}%  {g['ms']:7.3f} ms  {g['layers']:4d} × {g['kind']} [{g['tactic']}]")

@@ -30,7 +30,8 @@ def main() -> None:
     bias = torch.randn(64, device="cuda", generator=g)
     row = {"batch": n} | facts()
     img16, w16, b16 = img.half(), w.half(), bias.half()
-    row["fp16_cudnn_stem_nchw"] = graph_ms(lambda: torch.cudnn_convolution_relu(img16, w16, b16, (2, 2), (3, 3), (1, 1), 1))
+    row["fp16_cudnn_stem_nchw"] = graph_ms(lambda: torch.cudnn_convolution_relu(img16, w16, b16, (2, 2), (3, 3),
+                                                                                 (1, 1), 1))
     img16cl, w16cl = (t.contiguous(memory_format=torch.channels_last) for t in (img16, w16))
     row["fp16_cudnn_stem_nhwc"] = graph_ms(lambda: torch.cudnn_convolution_relu(img16cl, w16cl, b16, (2, 2), (3, 3),
                                                                           (1, 1), 1))

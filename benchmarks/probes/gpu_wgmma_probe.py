@@ -56,7 +56,8 @@ def main() -> None:
         rows.append(row)
         o = row["ops"]
         print(f"{label:24} TOP/s fp16 {tops(o, row['fp16_cublas']):6.0f}  int_mm {tops(o, row['int_mm']):6.0f}  "
-              f"tma {tops(o, row['tma'][0]):6.0f} ({row['tma'][0] * 1e3:.1f} us)  wgmma {tops(o, row['wgmma'][0]):6.0f} "
+              f"tma {tops(o, row['tma'][0]):6.0f} ({row['tma'][0] * 1e3:.1f} us)  "
+              f"wgmma {tops(o, row['wgmma'][0]):6.0f} "
               f"({row['wgmma'][0] * 1e3:.1f} us) {row['wgmma'][1]} equal {row['wgmma_equal']}"
               + (f"  stream {tops(o, row['stream'][0]):6.0f} ({row['stream'][0] * 1e3:.1f} us) {row['stream'][1]}"
                  if row["stream"] else ""), flush=True)

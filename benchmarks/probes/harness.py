@@ -94,7 +94,8 @@ def graph_ms(fn: Callable[[], object], repeat: int = 10) -> float:
 
 
 def best(fns: list[tuple[str, Callable[[], object]]]) -> tuple[float, str, int]:
-    """The fastest of labelled candidates by `graph_ms`: (ms, label, how many ran); one that fails is printed, skipped."""
+    """The fastest of labelled candidates by `graph_ms`: (ms, label, how many ran); \
+one that fails is printed, skipped."""
     out = []
     for label, fn in fns:
         try:

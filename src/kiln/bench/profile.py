@@ -2,7 +2,8 @@
 
 A separate run from the headline measurement: timing each layer adds a clock read (or two CUDA events)
 per layer and runs eagerly, without the CUDA graph. On CUDA each layer is queued behind a GPU spin
-(kiln.util.timing's LAUNCH_COVER_CYCLES, as the autotuner), so its events see the kernels' device time, not the host's launch
+(kiln.util.timing's LAUNCH_COVER_CYCLES, as the autotuner), so its events see the kernels' device time, not the \
+host's launch
 cost, which a graph replay never pays; the sum then comes close to the engine's latency.
 """
 

@@ -146,7 +146,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         raise ConfigError(f"kiln.build: config must be a kiln.BuildConfig, got {type(config).__name__}; "
                           "e.g. kiln.BuildConfig(fp16=True)")
     if progress is not None and not callable(progress):
-        raise ConfigError(f"kiln.build: progress must be a callable (stage, done, total), got {type(progress).__name__}")
+        raise ConfigError("kiln.build: progress must be a callable (stage, done, total), "
+                          f"got {type(progress).__name__}")
     config = config or BuildConfig()
     ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
     ctx.notes += _unhonoured(config, ctx.device)

@@ -126,7 +126,8 @@ def bench(
     duration: Annotated[Optional[float], typer.Option(
         "--duration", help="Seconds to time for, at most 86400 \\[default: up to 10]; with --iterations, the first "
                            "limit reached ends the run.")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed queries first, per stream (at most 10,000,000).")] = 10,
+    warmup: Annotated[int, typer.Option(
+        "--warmup", help="Untimed queries first, per stream (at most 10,000,000).")] = 10,
     batch: Annotated[Optional[int], typer.Option(
         "--batch", help="Batch size: the leading dimension of every input --shapes does not give.")] = None,
     streams: Annotated[int, typer.Option(

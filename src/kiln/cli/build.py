@@ -139,7 +139,8 @@ def build(
         "--accuracy", help="--int8/--fp8 accuracy budget vs fp32: 'cosine>=X', 'max-rel<=X' or 'top1-agreement>=X'; "
                            "the most sensitive layers stay float until it holds.")] = None,
     validation: Annotated[Optional[Path], typer.Option(
-        "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, like --calib).")] = None,
+        "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, "
+                             "like --calib).")] = None,
     sign_key: SignKey = None,
     force: Force = False,
     verbose: Verbose = False,

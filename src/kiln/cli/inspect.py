@@ -22,7 +22,7 @@ from kiln.quant.report import layer_precisions, size_breakdown
 from kiln.engine import plan
 from kiln.util.safe_json import printable
 from kiln.engine.serialize import network_from_json
-from kiln.errors import ConfigError, ModelError, UnsupportedOpError
+from kiln.errors import ConfigError, UnsupportedOpError
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.external_data import external_tensors, resolve_location
 from kiln.frontend.onnx.loader import read_model

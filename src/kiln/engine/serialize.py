@@ -196,7 +196,8 @@ def _network(m: dict, tensors: dict[str, torch.Tensor], prefix: str, depth: int,
             raise PlanError(f"plan layer {printable(name)} ({l['kind']}): {printable(problem, quote=False)}; "
                             "rebuild the plan")
         net.layers.append(Layer(name, str(l["kind"]), [str(i) for i in l["inputs"]], [str(o) for o in l["outputs"]],
-                                attrs, DType(l["precision"]) if l["precision"] else None, [str(o) for o in l["origin"]]))
+                                attrs, DType(l["precision"]) if l["precision"] else None,
+                                [str(o) for o in l["origin"]]))
     return net
 
 

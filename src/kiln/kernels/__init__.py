@@ -11,6 +11,7 @@
   into the activation arena).
 
 Each kernel module holds its `@triton.jit` / `@gluon.jit` kernels, a launcher that takes torch tensors, and the
-tile-config space the tactics offer the autotuner. Under TRITON_INTERPRET=1 the Triton ones run on CPU tensors (tests); the Gluon
+tile-config space the tactics offer the autotuner. Under TRITON_INTERPRET=1 the Triton ones run \
+on CPU tensors (tests); the Gluon
 ones need a Hopper GPU.
 """

@@ -155,7 +155,8 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, scale: torch.Tensor, kernel:
                             kw, sh, sw, pads[0], pads[1], dh, dw, num_k, kh * kw * c,
                             inv_scale(out_scale) if out_scale is not None else 1.0,
                             float(res_scale or 1.0), float(act_alpha), float(act_beta), *w_packed.stride(),
-                            *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                            *x.stride(), *r.stride(), *y.stride(), HAS_BIAS=bias is not None,
+                            HAS_RES=residual is not None,
                             RES_Q=res_scale is not None, REQUANT=out_scale is not None, ACT=activation,
                             FP8=x.dtype == torch.float8_e4m3fn, FLAT_K=flat,
                             enable_fp_fusion=False, **{key: cfg[key] for key in CONFIG_KEYS})

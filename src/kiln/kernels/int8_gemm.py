@@ -9,7 +9,8 @@
 A is (M, K), W is (K, N), both int8 or both float8_e4m3fn (any strides: a [N, K] weight is passed as its
 transpose view). Rounding half to even uses the fp32 add/subtract of 1.5·2²³ (exact for |v| ≤ 2²²); fp8 rounds
 in fp32 arithmetic at the value's e4m3 step, so the store converts an exact value (round_e4m3). Kernels compile
-without fp contraction (enable_fp_fusion=False): each product and sum rounds as the reference's does. fp8 products are promoted into the fp32 accumulator every 32 (Hopper's fp8 MMA alone
+without fp contraction (enable_fp_fusion=False): each product and sum rounds as the reference's does. \
+fp8 products are promoted into the fp32 accumulator every 32 (Hopper's fp8 MMA alone
 keeps fewer bits), as cuBLAS does without fast accumulation. Configs are the fp GEMM's tiles at 1-byte itemsize,
 BLOCK_K ≥ 32 (int8 and fp8 MMA depth).
 """
@@ -184,7 +185,8 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     r = residual if residual is not None else c
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _int8_gemm_kernel[grid](a, w, scale, bias if bias is not None else scale, r, c, m, n, k,
-                            inv_scale(out_scale) if out_scale is not None else 1.0, float(res_scale or 1.0), float(act_alpha), float(act_beta),
+                            inv_scale(out_scale) if out_scale is not None else 1.0, float(res_scale or 1.0),
+                            float(act_alpha), float(act_beta),
                             a.stride(0), a.stride(1), w.stride(0), w.stride(1), r.stride(0), r.stride(1),
                             c.stride(0), c.stride(1), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                             RES_Q=res_scale is not None, REQUANT=out_scale is not None, ACT=activation,

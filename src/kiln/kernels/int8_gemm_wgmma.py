@@ -395,7 +395,8 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     _wgmma_gemm_kernel[grid](desc(a, [bm, bk]), desc(w, [bn, bk]), desc(c, [bm, bn]), r, r.stride(0), scale,
                              bias if bias is not None else scale, m, n, k, inv_scale(out_scale),
                              float(res_scale or 1.0), HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                             ACT=activation, STAGES=config["STAGES"], num_warps=config["num_warps"], **pdl_args(a.device),
+                             ACT=activation, STAGES=config["STAGES"], num_warps=config["num_warps"],
+                             **pdl_args(a.device),
                              enable_fp_fusion=False)  # products and sums rounded apart, as the reference
     return c
 

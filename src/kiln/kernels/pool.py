@@ -154,7 +154,8 @@ def _global_pool_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr
     tl.store(y + n.to(tl.int64) * C + rc, acc.to(y.dtype.element_ty), mask=c_ok)
 
 
-def global_pool2d(x: torch.Tensor, op: str, config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def global_pool2d(x: torch.Tensor, op: str, config: dict | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """GlobalAveragePool (op "avg", summed in fp32) or GlobalMaxPool ("max") of a float x [N, C, H, W] whose H and W
     flatten into one stride (NCHW or channels_last): [N, C, 1, 1]; each program one image × a block of channels."""
     cfg = config or GLOBAL_CONFIGS[0]

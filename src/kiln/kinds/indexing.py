@@ -177,7 +177,8 @@ def reverse_sequence(inputs, attrs):
 def tensor_scatter(inputs, attrs):
     """Write `update` into a copy of the cache along axis from each batch entry's write index."""
     cache, update = inputs[0], inputs[1]
-    starts = inputs[2] if len(inputs) > 2 and inputs[2] is not None else torch.zeros(cache.shape[0], device=cache.device)
+    starts = (inputs[2] if len(inputs) > 2 and inputs[2] is not None
+              else torch.zeros(cache.shape[0], device=cache.device))
     axis = axis_of(attrs.get("axis", -2), cache.dim())
     steps = torch.arange(update.shape[axis], device=cache.device)
     pos = starts.long().reshape(-1, 1) + steps

@@ -73,7 +73,8 @@ def _factor(net: Network, layer: Layer | None, x: str, q: str, producers) -> flo
     return ROOT if layer.kind == "Mul" and _is_root(net, c, q, producers) else None
 
 
-def _side(net: Network, t: str, q_hint: str | None, consumers, producers) -> tuple[str, float | str | None, Layer | None]:
+def _side(net: Network, t: str, q_hint: str | None, consumers,
+          producers) -> tuple[str, float | str | None, Layer | None]:
     """(unscaled tensor, factor, scaling layer) of one MatMul operand; factor None when unscaled."""
     layer = producers.get(t)
     if layer is None or single_consumer(net, t, consumers) is None or layer.kind not in ("Mul", "Div"):

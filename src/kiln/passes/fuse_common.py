@@ -139,7 +139,8 @@ def _erf_gelu(net: Network, x: str, readers: list[Layer], consumers) -> Activati
     the product of x, that and 0.5 in any association."""
     if len(readers) != 2:
         return None
-    scaled = next((l for l in readers if (l.kind == "Div" and l.inputs[0] == x and _is(net, l.inputs[1], math.sqrt(2), 1e-6))
+    scaled = next((l for l in readers
+                   if (l.kind == "Div" and l.inputs[0] == x and _is(net, l.inputs[1], math.sqrt(2), 1e-6))
                    or (l.kind == "Mul" and _is(net, other_input(l, x) or "", math.sqrt(0.5), 1e-6))), None)
     if scaled is None:
         return None
@@ -164,7 +165,8 @@ def _erf_gelu(net: Network, x: str, readers: list[Layer], consumers) -> Activati
         layers.append(last)
     else:  # (x·0.5)·e
         half = next((l for l in readers if l is not scaled), None)
-        if half is None or half.kind != "Mul" or half.outputs[0] != factor or not _is(net, other_input(half, x) or "", 0.5):
+        if (half is None or half.kind != "Mul" or half.outputs[0] != factor
+                or not _is(net, other_input(half, x) or "", 0.5)):
             return None
         layers.insert(0, half)
         last = m1

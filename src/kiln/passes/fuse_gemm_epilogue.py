@@ -1,6 +1,7 @@
 """Fuse a matrix product with a constant weight and its bias and activation into one FusedGemm layer.
 
-    y = MatMul(x, W[K,N]); b = Add(y, bias[N]); z = Gelu(b)   ⇒   z = FusedGemm(x, W, bias)  {trans_b=0, activation=Gelu}
+    y = MatMul(x, W[K,N]); b = Add(y, bias[N]); z = Gelu(b)   \
+⇒   z = FusedGemm(x, W, bias)  {trans_b=0, activation=Gelu}
     y = Gemm(x, W[N,K], C[N]) transB=1; z = Tanh(y)           ⇒   z = FusedGemm(x, W, β·C)  {trans_b=1, activation=Tanh}
 
 x is N-D for MatMul (2-D for Gemm, whose alpha must be 1 and transA 0); the bias is a constant of N

@@ -7,7 +7,8 @@ Metrics, int8 network vs the float network on the same validation samples, over 
   top1-agreement  share of rows whose argmax over the last axis agrees, on the first output
 Search: measure the all-int8 network; if it misses the budget, measure each quantized layer's sensitivity as the
 metric of the all-int8 network with only that layer in float, then return layers to float, most sensitive first:
-the shortest such prefix that meets the budget, found by bisection. Networks run on the reference executor (layers left float in fp32: the search measures the
+the shortest such prefix that meets the budget, found by bisection. \
+Networks run on the reference executor (layers left float in fp32: the search measures the
 int8 error only).
 """
 

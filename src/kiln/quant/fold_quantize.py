@@ -2,7 +2,8 @@
 quantized copy too (a third output), so the int8 / fp8 GEMM after a transformer's add+LayerNorm reads it
 without another pass over the row (BERT-base: 24 of its 37 QuantizeLinear layers).
 
-    y, s = AddLayerNorm(a, b, γ, β);  y_q = QuantizeLinear(y, s_y)   ⇒   y, s, y_q = AddLayerNorm{q_scale=s_y}(a, b, γ, β)
+    y, s = AddLayerNorm(a, b, γ, β);  y_q = QuantizeLinear(y, s_y)   \
+⇒   y, s, y_q = AddLayerNorm{q_scale=s_y}(a, b, γ, β)
 
 Only kiln's own per-tensor, zero-point-free, saturating QuantizeLinear with a constant fp32 scale folds; the
 normalized output keeps its float readers. A precision pass (quant/pipeline.py): it runs in int8 and fp8 builds.

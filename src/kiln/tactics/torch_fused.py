@@ -57,7 +57,8 @@ def _conv_configs(spec: LayerSpec, device, level: int):
     configs = torch_conv.cudnn_configs(spec, device, level)
     a = spec.attrs
     n = len(a["kernel_shape"])
-    if a["activation"] == "Relu" and n == 2 and a["pads"][:n] == a["pads"][n:] and hasattr(torch, "cudnn_convolution_relu"):
+    if (a["activation"] == "Relu" and n == 2 and a["pads"][:n] == a["pads"][n:]
+            and hasattr(torch, "cudnn_convolution_relu")):
         configs += [dict(c, epilogue="cudnn") for c in configs]
     return configs
 

@@ -6,7 +6,6 @@ from onnx import TensorProto as T, helper, numpy_helper
 
 import kiln
 from passcheck import apply, assert_same_outputs, imported, kinds
-from kiln.errors import ModelError
 from kiln.passes.fold_constants import fold_constants
 
 rng = np.random.default_rng(0)

@@ -120,8 +120,8 @@ import numpy as np  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln.bench.session import BenchOptions, run_bench  # noqa: E402
-from tests.test_cli import assert_one_error_line, tiny_model  # noqa: E402
-from tests.test_compare import chain_model, invoke  # noqa: E402
+from test_cli import assert_one_error_line, tiny_model  # noqa: E402
+from test_compare import chain_model, invoke  # noqa: E402
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ def _mlp() -> bytes:
     w = {n: (RNG.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)
          for n, s in (("w1", (16, 32)), ("w2", (32, 16)), ("w3", (16, 8)))}
     inits = [numpy_helper.from_array(v, k) for k, v in w.items()]
-    inits += [numpy_helper.from_array(np.ones(16, np.float32), "g"), numpy_helper.from_array(np.zeros(16, np.float32), "b")]
+    inits += [numpy_helper.from_array(np.ones(16, np.float32), "g"),
+              numpy_helper.from_array(np.zeros(16, np.float32), "b")]
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
          helper.make_node("MatMul", ["r", "w2"], ["m"]),

@@ -44,11 +44,14 @@ TAILS = {
     "Gelu": ([helper.make_node("Gelu", ["b"], ["z"], approximate="tanh")], "GeluTanh"),
     "SiLU": ([helper.make_node("Sigmoid", ["b"], ["s"]), helper.make_node("Mul", ["b", "s"], ["z"])], "SiLU"),
     # the Erf GELU as the TorchScript exporter writes it: (x·e)·0.5
-    "erf_ts": (ERF + [helper.make_node("Mul", ["b", "e1"], ["m"]), helper.make_node("Mul", ["m", "half"], ["z"])], "Gelu"),
+    "erf_ts": (ERF + [helper.make_node("Mul", ["b", "e1"], ["m"]),
+                      helper.make_node("Mul", ["m", "half"], ["z"])], "Gelu"),
     # ... as the dynamo exporter writes it: x·(0.5·e)
-    "erf_dynamo": (ERF + [helper.make_node("Mul", ["half", "e1"], ["m"]), helper.make_node("Mul", ["b", "m"], ["z"])], "Gelu"),
+    "erf_dynamo": (ERF + [helper.make_node("Mul", ["half", "e1"], ["m"]),
+                          helper.make_node("Mul", ["b", "m"], ["z"])], "Gelu"),
     # ... and (x·0.5)·e
-    "erf_half_first": (ERF + [helper.make_node("Mul", ["b", "half"], ["m"]), helper.make_node("Mul", ["m", "e1"], ["z"])], "Gelu"),
+    "erf_half_first": (ERF + [helper.make_node("Mul", ["b", "half"], ["m"]),
+                              helper.make_node("Mul", ["m", "e1"], ["z"])], "Gelu"),
 }
 
 
@@ -67,12 +70,14 @@ def test_matmul_bias_activation(tail):
 
 def test_gemm_transposed_weight_scaled_bias():
     """Gemm's β·C becomes the bias constant; the [N, K] weight is kept, flagged trans_b."""
-    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, beta=0.5), helper.make_node("Tanh", ["y"], ["z"])]
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, beta=0.5),
+             helper.make_node("Tanh", ["y"], ["z"])]
     before = _model(nodes, (3, 5), (3, 4), [_c("w", rng.standard_normal((4, 5))), _c("c", rng.standard_normal((1, 4)))])
     after, _ = apply(before, fuse_gemm_epilogue)
     assert kinds(after) == ["FusedGemm"]
     layer = after.layers[0]
-    assert layer.attrs["trans_b"] is True and layer.inputs[1] == "w" and tuple(after.constants[layer.inputs[2]].shape) == (4,)
+    assert (layer.attrs["trans_b"] is True and layer.inputs[1] == "w"
+            and tuple(after.constants[layer.inputs[2]].shape) == (4,))
     assert_same_outputs(before, after, _feeds(before))
 
 

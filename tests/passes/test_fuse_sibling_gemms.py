@@ -20,7 +20,8 @@ def _model(heads, relu_last=False):
     """x[2,3,8] → per head: MatMul(x, W[8,n]) + bias[n] (the last one through Relu when `relu_last`)."""
     nodes, inits, outs = [], [], []
     for i, n in enumerate(heads):
-        nodes += [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]), helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        nodes += [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
         last = i == len(heads) - 1 and relu_last
         if last:
             nodes.append(helper.make_node("Relu", [f"a{i}"], [f"z{i}"]))

@@ -33,7 +33,8 @@ def test_conv_bn():
     after, _ = apply(before, fold_batchnorm)
     assert kinds(before) == ["Conv", "BatchNormalization"] and kinds(after) == ["Conv"]
     assert after.layers[0].outputs == ["z"] and set(after.layers[0].origin) == {"prod", "bn"}
-    assert_same_outputs(before, after, {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)}, rtol=1e-4, atol=1e-5)
+    assert_same_outputs(before, after, {"x": rng.standard_normal((2, 4, 8, 8)).astype(np.float32)},
+                        rtol=1e-4, atol=1e-5)
 
 
 def test_conv_without_bias_bn():
@@ -41,7 +42,8 @@ def test_conv_without_bias_bn():
     before = imported(_model("Conv", (1, 4, 5, 5), w, [], {}, (1, 6, 5, 5), bias=False))
     after, _ = apply(before, fold_batchnorm)
     assert kinds(after) == ["Conv"] and len(after.layers[0].inputs) == 3
-    assert_same_outputs(before, after, {"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}, rtol=1e-4, atol=1e-5)
+    assert_same_outputs(before, after, {"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)},
+                        rtol=1e-4, atol=1e-5)
 
 
 def test_gemm_bn_transposed_weight():

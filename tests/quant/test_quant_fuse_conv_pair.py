@@ -153,7 +153,8 @@ def test_pair_kernel_compiles_for_hopper_with_one_wgmma_in_flight():
     assert wide[0]["BLOCK_K"] == 128 and all(int8_conv_pair.smem_bytes(c, 128, 256) <= 227 * 1024 for c in wide)
     for cfg in cfgs + wide[:1]:
         bh, bw, bn, bk = cfg["BH"], cfg["BW"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        sig = {"x_desc": _desc_sig([1, bh, bw, bk]), "w_desc": _desc_sig([bn, bk]), "x2_desc": _desc_sig([1, bh, bw, bk]),
+        sig = {"x_desc": _desc_sig([1, bh, bw, bk]), "w_desc": _desc_sig([bn, bk]),
+               "x2_desc": _desc_sig([1, bh, bw, bk]),
                "w2_desc": _desc_sig([bn, bk]), "y_desc": _desc_sig([1, bh, bw, bn]), "scale": "*fp32", "bias": "*fp32",
                "scale2": "*fp32", "bias2": "*fp32", "out_inv": "fp32"}
         sig |= dict.fromkeys("CO tiles_w tiles_hw tiles".split(), "i32")

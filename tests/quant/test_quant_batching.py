@@ -5,7 +5,6 @@ indices 0..N-1, so a smaller calibration batch reads out of range (a device-side
 """
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper

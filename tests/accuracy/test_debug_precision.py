@@ -8,7 +8,7 @@ import json
 import pytest
 
 import kiln
-from tests.test_compare import assert_one_error_line, chain_model, invoke
+from test_compare import assert_one_error_line, chain_model, invoke
 
 
 @pytest.fixture

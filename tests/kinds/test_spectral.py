@@ -83,7 +83,8 @@ def test_windows(op, periodic, out):
     check_model(model, {"size": size}, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("args", [(8, 16, 8192, 0.0, 4096.0), (10, 64, 16000, 20.0, 7000.0), (5, 33, 8000, 100.0, 3000.0)])
+@pytest.mark.parametrize("args", [(8, 16, 8192, 0.0, 4096.0), (10, 64, 16000, 20.0, 7000.0),
+                                  (5, 33, 8000, 100.0, 3000.0)])
 def test_mel_weight_matrix(args):
     feeds = {k: np.array(v, t) for k, v, t in zip(["bins", "dft", "rate", "lo", "hi"], args,
                                                    [np.int32] * 3 + [np.float32] * 2)}

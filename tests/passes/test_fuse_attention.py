@@ -49,7 +49,8 @@ def test_scaled_masked_scores():
     assert kinds(after) == ["FusedAttention"]
     layer = after.layers[0]
     assert layer.inputs == ["q", "kt", "v", "mask"] and layer.outputs == ["z"]
-    assert layer.attrs == {"scale": 0.5, "scale_on": "scores", "nan_to_zero": False} and ctx.log["fuse_attention.layers"] == 4
+    assert (layer.attrs == {"scale": 0.5, "scale_on": "scores", "nan_to_zero": False}
+            and ctx.log["fuse_attention.layers"] == 4)
     assert_same_outputs(before, after, _feeds(before))
 
 
@@ -87,7 +88,8 @@ def test_scale_from_q_shape():
     before = _model(nodes, inits)
     after, _ = apply(before, fuse_attention)
     fused = [l for l in after.layers if l.kind == "FusedAttention"]
-    assert len(fused) == 1 and fused[0].attrs == {"scale": None, "scale_on": "qk", "nan_to_zero": False} and fused[0].inputs == ["q", "kt", "v"]
+    assert (len(fused) == 1 and fused[0].attrs == {"scale": None, "scale_on": "qk", "nan_to_zero": False}
+            and fused[0].inputs == ["q", "kt", "v"])
     assert_same_outputs(before, after, _feeds(before))
 
 
@@ -146,6 +148,7 @@ def test_reference_nan_to_zero_optional():
     mask = torch.zeros(1, 1, 3, 3)
     mask[..., 2, :] = -torch.inf
     old = run_reference("FusedAttention", [q, kt, v, mask], {"scale": None, "scale_on": "scores"})[0]
-    new = run_reference("FusedAttention", [q, kt, v, mask], {"scale": None, "scale_on": "scores", "nan_to_zero": True})[0]
+    new = run_reference("FusedAttention", [q, kt, v, mask],
+                        {"scale": None, "scale_on": "scores", "nan_to_zero": True})[0]
     assert old[..., 2, :].isnan().all() and (new[..., 2, :] == 0).all()
     torch.testing.assert_close(new[..., :2, :], old[..., :2, :], rtol=0, atol=0)

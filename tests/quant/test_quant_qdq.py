@@ -11,7 +11,6 @@ to the output's own quantization step and by cosine similarity.
 import numpy as np
 import onnx
 import onnx.version_converter
-import pytest
 import torch
 from onnx.reference import ReferenceEvaluator
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static

@@ -45,7 +45,8 @@ def test_digits_cnn_int8_top1_within_one_point_of_fp32(tmp_path):
     np.savez(tmp_path / "calib.npz", x=x[:256])
     fp32 = kiln.build(path, kiln.BuildConfig(device="cpu"))
     # entropy clips these images too hard (their pixels take 17 values: a sparse histogram); mse keeps the range
-    int8 = kiln.build(path, kiln.BuildConfig(device="cpu", int8=True, calib=str(tmp_path / "calib.npz"), calibrator="mse"))
+    int8 = kiln.build(path, kiln.BuildConfig(device="cpu", int8=True, calib=str(tmp_path / "calib.npz"),
+                                             calibrator="mse"))
     assert len(int8.build_info["int8"]["layers"]) == 4
     assert all(r["precision"] == "int8" for r in int8.build_info["int8"]["layers"].values())
     top1 = {name: float((e.run({"x": x[test]})["logits"].argmax(1) == y[test]).mean() * 100)

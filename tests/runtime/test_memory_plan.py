@@ -3,8 +3,6 @@ overlap while their storage can be read (views included), kernels that take outp
 offsets, and engines running from the arena give the reference engine's results, run after run."""
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +17,6 @@ from kiln.runtime.memory_plan import plan_memory
 from kiln.tactics import registry
 from kiln.tactics.spec import layer_spec
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 CPU = Device("cpu", "cpu", "cpu")
 # engines run where Triton does: the CPU through the interpreter (CI), else the GPU

@@ -25,17 +25,21 @@ def _model(nodes, inits, inputs=("x",), outputs=("z",), elem=T.FLOAT, opset=17):
 
 def _decomposed(square="Pow", divide="Div", affine=True, axes=(-1,)):
     nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=list(axes)), helper.make_node("Sub", ["x", "m"], ["d"]),
-             helper.make_node("Pow", ["d", "two"], ["sq"]) if square == "Pow" else helper.make_node("Mul", ["d", "d"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq"], ["v"], axes=list(axes)), helper.make_node("Add", ["v", "eps"], ["ve"]),
+             (helper.make_node("Pow", ["d", "two"], ["sq"]) if square == "Pow"
+              else helper.make_node("Mul", ["d", "d"], ["sq"])),
+             helper.make_node("ReduceMean", ["sq"], ["v"], axes=list(axes)),
+             helper.make_node("Add", ["v", "eps"], ["ve"]),
              helper.make_node("Sqrt", ["ve"], ["s"])]
     if divide == "Div":
         nodes.append(helper.make_node("Div", ["d", "s"], ["n" if affine else "z"]))
     else:
-        nodes += [helper.make_node("Reciprocal", ["s"], ["r"]), helper.make_node("Mul", ["r", "d"], ["n" if affine else "z"])]
+        nodes += [helper.make_node("Reciprocal", ["s"], ["r"]),
+                  helper.make_node("Mul", ["r", "d"], ["n" if affine else "z"])]
     if affine:
         nodes += [helper.make_node("Mul", ["n", "gamma"], ["g"]), helper.make_node("Add", ["beta", "g"], ["z"])]
     norm = SHAPE[len(SHAPE) - len(axes):]
-    inits = [_c("two", 2.0), _c("eps", 1e-5), _c("gamma", rng.uniform(0.5, 1.5, norm)), _c("beta", rng.standard_normal(norm))]
+    inits = [_c("two", 2.0), _c("eps", 1e-5), _c("gamma", rng.uniform(0.5, 1.5, norm)),
+             _c("beta", rng.standard_normal(norm))]
     return _model(nodes, inits, opset=17)
 
 

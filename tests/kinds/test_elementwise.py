@@ -159,7 +159,8 @@ def test_clip_int_and_legacy():
 def test_where():
     c = rng.random((3, 4)) > 0.5
     check_op("Where", {"c": c, "x": floats(3, 4), "y": floats(4)})
-    check_ref("Where", {"c": c, "x": np.arange(12, dtype=np.uint64).reshape(3, 4), "y": np.array([2**64 - 1], np.uint64)})
+    check_ref("Where", {"c": c, "x": np.arange(12, dtype=np.uint64).reshape(3, 4),
+                        "y": np.array([2**64 - 1], np.uint64)})
 
 
 def test_identity_and_legacy_add():

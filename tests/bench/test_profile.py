@@ -10,7 +10,7 @@ import pytest
 import kiln
 from kiln.bench.profile import LayerProfile, LayerTime, profile_layers
 from kiln.cli.profile import print_profile
-from tests.test_compare import chain_model, invoke
+from test_compare import chain_model, invoke
 
 
 @pytest.fixture

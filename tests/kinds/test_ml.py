@@ -31,7 +31,8 @@ def check(model, x, rtol=1e-5, atol=1e-6, ort_model=None):
     """kiln on `model` against ONNX Runtime on `ort_model` (default: the same model)."""
     want, got = run_both(model, {"x": x})
     if ort_model is not None:
-        want = ort.InferenceSession(ort_model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        want = ort.InferenceSession(ort_model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
     if want[0].dtype.kind == "f":
         np.testing.assert_allclose(got[0], want[0], rtol=rtol, atol=atol)
@@ -99,9 +100,12 @@ def test_tree_ensemble_double_and_single_leaf_tree():
     for k, v in (("featureids", 0), ("truenodeids", leaves), ("falsenodeids", leaves), ("trueleafs", 1),
                  ("falseleafs", 1), ("missing_value_tracks_true", 0)):
         attrs[f"nodes_{k}"] = attrs[f"nodes_{k}"] + [v]
-    attrs["nodes_modes"] = helper.make_tensor("m", TensorProto.UINT8, [n + 1], list(attrs["nodes_modes"].int32_data) + [0])
-    attrs["nodes_splits"] = helper.make_tensor("s", TensorProto.DOUBLE, [n + 1], list(attrs["nodes_splits"].double_data) + [0.0])
-    attrs["leaf_weights"] = helper.make_tensor("w", TensorProto.DOUBLE, [leaves + 1], list(attrs["leaf_weights"].double_data) + [7.0])
+    attrs["nodes_modes"] = helper.make_tensor("m", TensorProto.UINT8, [n + 1],
+                                              list(attrs["nodes_modes"].int32_data) + [0])
+    attrs["nodes_splits"] = helper.make_tensor("s", TensorProto.DOUBLE, [n + 1],
+                                               list(attrs["nodes_splits"].double_data) + [0.0])
+    attrs["leaf_weights"] = helper.make_tensor("w", TensorProto.DOUBLE, [leaves + 1],
+                                               list(attrs["leaf_weights"].double_data) + [7.0])
     attrs["leaf_targetids"] = attrs["leaf_targetids"] + [1]
     attrs["tree_roots"] = attrs["tree_roots"] + [n]
     check(ml_model("TreeEnsemble", x, attrs, TensorProto.DOUBLE, 5), x)

@@ -19,7 +19,8 @@ def build(fn, sig, consts):
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
 
 h = "*fp16"
-g = dict(zip("a w bias c".split(), [h] * 4)) | {k: "i32" for k in "M N K s_am s_ak s_wk s_wn s_bm s_bn s_cm s_cn".split()}
+g = dict(zip("a w bias c".split(), [h] * 4)) | {k: "i32" for k in \
+"M N K s_am s_ak s_wk s_wn s_bm s_bn s_cm s_cn".split()}
 g |= {k: "fp32" for k in "alpha beta act_alpha act_beta".split()}
 k = build(gemm._gemm_kernel, g, {"HAS_BIAS": True, "ACT": "gelu_tanh", "PRECISION": "tf32", "UPCAST": False,
                                   "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8})

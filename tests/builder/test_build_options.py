@@ -14,7 +14,7 @@ import kiln
 from kiln.builder.autotune import workspace_bytes
 from kiln.cli.options import parse_memory_pools
 from kiln.errors import ConfigError
-from tests.test_cli import invoke, tiny_model
+from test_cli import invoke, tiny_model
 
 
 @pytest.mark.parametrize("spec, want", [("workspace=256M", 256 * 2**20), ("workspace:1G", 2**30),

@@ -1,8 +1,6 @@
 """View tactics (tactics/views.py): layout layers return views of their input, equal to the reference exactly;
 an engine running them (forced on the CPU) gives the reference engine's outputs bit for bit and dense outputs."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -18,9 +16,8 @@ from kiln.kinds import run_reference
 from kiln.tactics import registry
 from kiln.tactics.spec import LayerSpec, ValueSpec, layer_spec
 
-sys.path.insert(0, str(Path(__file__).parent))
 from models.export import export  # noqa: E402
-from models.text import LastHidden, tiny_bert  # noqa: E402
+from models.text import LastHidden  # noqa: E402
 
 CPU = Device("cpu", "cpu", "cpu")
 VIEWS = [t for t in ("view_reshape", "view_transpose", "view_expand", "view_slice", "view_gather")]
