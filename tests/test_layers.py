@@ -68,6 +68,14 @@ def test_imports_point_down():
     assert not unknown, f"packages not in the layer order (add them to ORDER here and in DESIGN.md): {unknown}"
 
 
+def test_config_sits_on_the_lowest_layers():
+    """BuildConfig validates only its own fields: it may import errors, version, target and util, nothing above."""
+    tree = ast.parse((SRC / "kiln" / "config.py").read_text())
+    above = [f"config.py:{line}: {module}" for line, module, _, other in _imports(tree)
+             if other is not None and RANK.get(other, len(ORDER)) > RANK["util"]]
+    assert not above, "config imports from above the lowest layers:\n" + "\n".join(above)
+
+
 def test_no_module_imports_anothers_private_names():
     _, private, _ = check(SRC)
     assert not private, "private names imported across modules (promote what is shared):\n" + "\n".join(private)

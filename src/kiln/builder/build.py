@@ -28,7 +28,7 @@ from kiln.passes import BuildTarget, PassContext, run_passes
 from kiln.passes.registry import Stage
 from kiln.quant import apply_precision
 from kiln.kinds.qtype import QTYPES
-from kiln.quant.budget import copy_network, time_engines
+from kiln.quant.budget import check_quant_options, copy_network, time_engines
 from kiln.quant.fp8 import check_fp8
 from kiln.quant.int8 import apply_int8
 from kiln.quant.int8_fp16 import int8_fp16_io
@@ -151,6 +151,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     config = config or BuildConfig()
     ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
     ctx.notes += _unhonoured(config, ctx.device)
+    check_quant_options(config)
     check_fp8(config, ctx.device, calib_data)
     if config.hardware_compat != "none":
         ctx.notes.append(HardwareCompat.parse(config.hardware_compat).describe())

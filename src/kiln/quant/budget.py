@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.errors import ConfigError, InputError
+from kiln.quant.calibrators import CALIBRATORS
 from kiln.ir import Network
 from kiln.kinds.interpret import run_network
 from kiln.quant.batching import fitted
@@ -170,3 +171,12 @@ def time_engines(engines: dict[str, Any], repeats: int = 20) -> dict:
     if "chosen_ms" in out and "all_int8_ms" in out:
         out["fallback_cost_ms"] = out["chosen_ms"] - out["all_int8_ms"]
     return out
+
+
+def check_quant_options(config) -> None:
+    """The build config's quantization options that name quant's own tables: the calibrator and the budget grammar
+    (checked here, at the start of a build, so that config depends on nothing above it)."""
+    if config.calibrator not in CALIBRATORS:
+        raise ConfigError(f"unknown calibrator {config.calibrator!r}; choose one of {', '.join(CALIBRATORS)}")
+    if config.accuracy is not None:
+        AccuracyBudget.parse(config.accuracy)
