@@ -185,7 +185,12 @@ def test_bench_user_errors_are_one_line(fixed, dynamic, tmp_path):
     assert_one_error_line(invoke("bench", fixed, "--device", "cpu", "--batch", "0"), "--batch")
     assert_one_error_line(invoke("bench", fixed, "--device", "cpu", "--streams", "0"), "--streams")
     assert_one_error_line(invoke("bench", fixed, "--device", "cpu", "--percentiles", "99,x"), "--percentiles")
-    assert_one_error_line(invoke("bench", dynamic, "--device", "cpu"), "--shapes")  # dynamic batch, none given
+    # a dynamic batch and no --shapes: as trtexec, it runs with the dimension 1 and says so in one warning line
+    result = invoke("bench", dynamic, "--device", "cpu", "--iterations", "2", "--json")
+    assert result.exit_code == 0, result.output
+    warning, = result.stderr.strip().splitlines()
+    assert warning.startswith("warning: ") and "--shapes" in warning
+    assert json.loads(result.stdout)["shapes"]["x"][0] == 1
 
 
 def test_plot_draws_a_png(fixed, tmp_path):

@@ -256,7 +256,6 @@ def test_conformance_says_when_no_test_matches(monkeypatch):
     (["inspect", "{npy}"], ["not a kiln plan"]),
     (["inspect", "{model}", "--header"], ["--header"]),
     (["bench", "{plan}", "--iterations", "0"], ["--iterations"]),
-    (["bench", "{model}"], ["dynamic shape"]),
     (["conformance", "--include", "("], ["regular expression"]),
     (["conformance", "--category", "bogus"], ["--category"]),
 ])

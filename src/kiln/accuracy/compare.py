@@ -105,3 +105,17 @@ def compare_engine(engine, model: Path, feeds: Mapping[str, np.ndarray], default
         result.intermediates = compare_values(ref, {n: got[n] for n in sorted(keep)}, lambda n: default)
         result.first_bad = first_bad_layer(engine.network, {**result.intermediates, **result.outputs})
     return result
+
+
+def compare_outputs(ref: Mapping[str, Any], got: Mapping[str, Any], default: Tolerance,
+                    per_output: Mapping[str, Tolerance], what: str) -> Comparison:
+    """`got` (an engine's outputs) against `ref` (another plan's, or outputs saved earlier, named by `what`)."""
+    unknown = sorted(set(per_output) - {n.partition("[")[0] for n in got})
+    if unknown:
+        raise ConfigError(f"--tol names {unknown}, but the outputs are {sorted(got)}")
+    missing = sorted(set(flatten(got)) - set(flatten(ref)))
+    if missing:
+        raise ConfigError(f"{what} has no outputs {missing[:10]}; it holds {sorted(flatten(ref))[:10]}")
+    tol_of = lambda name: per_output.get(name.partition("[")[0], default)  # noqa: E731
+    metrics = compare_values(ref, got, tol_of)
+    return Comparison(metrics, {n: tol_of(n) for n in metrics})

@@ -5,69 +5,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
 import kiln
-from kiln.bench.plot import check_plot, plot_bench
-from kiln.bench.profile import profile_layers
-from kiln.bench.result import BenchResult
-from kiln.bench.session import BenchOptions, run_bench
-from kiln.bench.stats import parse_percentiles
 from kiln.cli.errors import command
-from kiln.cli.inputs import input_shapes, on_device, open_engine, random_feeds
-from kiln.cli.options import (Device, Force, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, is_onnx,
-                              parse_shapes)
+from kiln.cli.inputs import engine_and_feeds
+from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Calibrator, CalibPercentile, Device, Force,
+                              Fp8, Fp16, HardwareCompatOption, InputFiles, Int8, Json, KeepIoPrecision, LayerPrecision,
+                              MaxShapes, MemoryPool, MinShapes, ModelPath, OptLevel, OptShapes, Policy, Seed, Shapes,
+                              Tf32, TimingCache, Validation, Verbose, VerifyKey, parse_shapes)
 from kiln.cli.output import add_row, key_values, print_json, status, stdout
 from kiln.cli.profile import PROFILE, ExportProfile, export_profile, print_profile
-from kiln.errors import ConfigError, ModelError
-from kiln.frontend.onnx.loader import read_model
+from kiln.errors import ConfigError
 from kiln.util import files
+
+if TYPE_CHECKING:
+    from kiln.bench.result import BenchResult
 
 PHASE_LABELS = {"host": "host wall (per query)", "enqueue": "enqueue (host)", "h2d": "H2D", "compute": "compute",
                 "d2h": "D2H", "gpu": "GPU total (H2D+compute+D2H)"}
 TIMES = files.json_kind("kiln bench times export", "times.json", "bench-times")
-
-
-def onnx_batch_shapes(model: Path, shapes: dict[str, tuple[int, ...]], batch: int) -> dict[str, tuple[int, ...]]:
-    """--shapes plus, for each other input of an .onnx whose dimensions after the first are fixed,
-    (batch, *those dimensions): what to build the model with for --batch."""
-    if not model.is_file():
-        raise ModelError(f"model file {model} does not exist; give the path of an .onnx file or a plan")
-    graph = read_model(model).graph
-    initializers = {t.name for t in graph.initializer}
-    out = dict(shapes)
-    for vi in graph.input:
-        dims = vi.type.tensor_type.shape.dim
-        if vi.name in initializers or vi.name in out or not dims:
-            continue
-        first, *rest = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-        if first is not None and first != batch:
-            raise ConfigError(f"--batch {batch}: input {vi.name!r} of {model.name} has a fixed leading dimension "
-                              f"{first}; export the model with a dynamic batch dimension, or drop --batch")
-        if all(d is not None for d in rest):
-            out[vi.name] = (batch, *rest)
-    return out
-
-
-def batch_shapes(engine: kiln.Engine, shapes: dict[str, tuple[int, ...]], batch: int | None
-                 ) -> dict[str, tuple[int, ...]]:
-    """Each input's shape, with the leading dimension of those --shapes does not give set to --batch."""
-    resolved = input_shapes(engine, shapes)
-    if batch is None:
-        return resolved
-    for t in engine.inputs:
-        shape = resolved[t.name]
-        if t.name in shapes or not shape:
-            continue
-        fixed = t.shape[0] if t.shape else None
-        if isinstance(fixed, int) and fixed != batch:
-            raise ConfigError(f"--batch {batch}: input {t.name!r} has fixed shape {t.shape_str()}; rebuild the "
-                              f"model with a dynamic batch dimension (--min-shapes/--max-shapes), or drop --batch")
-        resolved[t.name] = (batch, *shape[1:])
-    return resolved
 
 
 def phase_table(result: BenchResult) -> Table:
@@ -109,6 +69,8 @@ def print_result(model: Path, engine: kiln.Engine, shapes: dict, result: BenchRe
 
 def check_outputs(times: Path | None, profile: Path | None, plot: Path | None, force: bool) -> None:
     """Refuse unwritable output paths before timing anything (kiln's write policy, kiln.util.files)."""
+    from kiln.bench.plot import check_plot
+
     if times:
         files.check(times, TIMES, force=force, what="--export-times file")
     if profile:
@@ -155,26 +117,58 @@ def bench(
         "--plot", help="Draw a latency histogram (and per-layer bars with --dump-profile) into exactly this image "
                        "file, e.g. bench.png or bench.svg (PNG when it has no suffix; a directory is refused; "
                        "needs matplotlib: pip install 'kiln\\[plot]').")] = None,
+    inputs: InputFiles = None,
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
     policy: Policy = "strict",
     verify_key: VerifyKey = None,
+    fp16: Fp16 = False,
+    bf16: Bf16 = False,
+    int8: Int8 = False,
+    fp8: Fp8 = False,
+    tf32: Tf32 = False,
+    min_shapes: MinShapes = None,
+    opt_shapes: OptShapes = None,
+    max_shapes: MaxShapes = None,
+    timing_cache: TimingCache = None,
+    opt_level: OptLevel = 3,
+    layer_precision: LayerPrecision = None,
+    keep_io_precision: KeepIoPrecision = True,
+    memory_pool: MemoryPool = None,
+    hardware_compat: HardwareCompatOption = "none",
+    calib: Calib = None,
+    calibrator: Calibrator = "entropy",
+    calib_cache: CalibCache = None,
+    calib_batch: CalibBatch = 16,
+    calib_percentile: CalibPercentile = 99.99,
+    accuracy: Accuracy = None,
+    validation: Validation = None,
     force: Force = False,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
-    """Time an engine on random inputs: latency, its phases, throughput; warnings when the numbers mislead."""
+    """Time an engine on given or random inputs: latency, its phases, throughput; warnings when the numbers
+    mislead. An .onnx model is built first, with the build flags `kiln build` takes."""
+    from kiln.bench.plot import plot_bench
+    from kiln.bench.profile import profile_layers
+    from kiln.bench.session import BenchOptions, run_bench
+    from kiln.bench.stats import parse_percentiles
+    from kiln.cli.inputs import on_device
+
     shape_map = parse_shapes(shapes)
     if batch is not None and batch < 1:
         raise ConfigError(f"--batch must be at least 1, got {batch}")
     options = BenchOptions(iterations, duration, warmup, streams, cuda_graph, not no_data_transfers, spin_wait,
                            parse_percentiles(percentiles)).checked()
     check_outputs(export_times, export, plot, force)
-    build_shapes = onnx_batch_shapes(model, shape_map, batch) if is_onnx(model) and batch else shape_map
-    engine = open_engine(model, build_shapes, device, policy, verify_key)
-    resolved = batch_shapes(engine, shape_map, batch)
-    feeds = random_feeds(engine, resolved, seed)
+    flags = dict(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes,
+                 max_shapes=max_shapes, timing_cache=timing_cache, opt_level=opt_level,
+                 layer_precision=layer_precision, keep_io_precision=keep_io_precision, memory_pool=memory_pool,
+                 hardware_compat=hardware_compat, calib=calib, calibrator=calibrator, calib_cache=calib_cache,
+                 calib_batch=calib_batch, calib_percentile=calib_percentile, accuracy=accuracy, validation=validation)
+    engine, feeds, resolved = engine_and_feeds(model, inputs, shape_map, batch, device, policy, verify_key, seed,
+                                               flags, cuda_graph is not False)
     first = next(iter(resolved.values()), ())
     status(f"timing {model.name} on {engine.device.name} ...")
     result = run_bench(engine, feeds, options, batch=batch or (first[0] if first else 1))

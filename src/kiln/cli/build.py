@@ -9,23 +9,23 @@ import typer
 
 import kiln
 from kiln.cli.errors import command
-from kiln.cli.options import Device, Force, Json, Shapes, SignKey, Verbose, parse_memory_pools, parse_shapes
+from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Calibrator, CalibPercentile, Device, Force,
+                              Fp8, Fp16, HardwareCompatOption, Int8, Json, KeepIoPrecision, LayerPrecision, MaxShapes,
+                              MemoryPool, MinShapes, OptLevel, OptShapes, Shapes, SignKey, Tf32, TimingCache,
+                              Validation, Verbose, parse_memory_pools, parse_shapes)
 from kiln.cli.output import build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
-from kiln.engine.plan import KIND
-from kiln.engine.signing import load_private_key
-from kiln.errors import ConfigError
-from kiln.kinds.qtype import QTYPES
-from kiln.quant.calib_cache import KIND as calib_kind
-from kiln.quant.report import int8_summary, ranges_table
+from kiln.errors import ConfigError, InternalError
 from kiln.util import files
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-QTYPES_BY_LABEL = {q.label: q for q in QTYPES.values()}
 
 
-def _flag(name: str, what: str):
-    return Annotated[bool, typer.Option(f"--{name}", help=what)]
+def qtypes_by_label() -> dict:
+    """int8 / fp8 quantized types by label ("int8", "fp8")."""
+    from kiln.kinds.qtype import QTYPES
+
+    return {q.label: q for q in QTYPES.values()}
 
 
 def profile_from(shapes: dict, min_shapes: dict, opt_shapes: dict, max_shapes: dict) -> tuple[Profile, ...]:
@@ -67,6 +67,8 @@ def summary(engine: kiln.Engine, plan: Path) -> dict:
 
 def _quant_summary(info: dict) -> dict:
     """The int8 / fp8 rewrite's summary, under the key "int8" or "fp8" (the precision its layers run in)."""
+    from kiln.quant.report import int8_summary
+
     q = int8_summary(info)
     return {q["precision"]: q}
 
@@ -79,7 +81,10 @@ def print_summary(s: dict) -> None:
             ("activation arena", s["arena"])]
     rows += [(f"time: {stage}", f"{sec:.3f} s") for stage, sec in s["stage_seconds"].items()]
     rows.append(("time: total", f"{s['build_seconds']:.3f} s"))
-    quant = next((s[k] for k in QTYPES_BY_LABEL if k in s), None)
+    from kiln.quant.report import ranges_table
+
+    by_label = qtypes_by_label()
+    quant = next((s[k] for k in by_label if k in s), None)
     if quant:
         label = quant["precision"]
         rows.append((f"{label} layers", f"{quant['quantized_layers']} of {quant['quantizable_layers']} quantizable "
@@ -87,7 +92,44 @@ def print_summary(s: dict) -> None:
     rows += [("note", note) for note in s["notes"]]
     stdout().print(key_values("Build summary", rows))
     if quant and quant["ranges"]:
-        stdout().print(ranges_table(quant["ranges"], QTYPES_BY_LABEL[quant["precision"]]))
+        stdout().print(ranges_table(quant["ranges"], by_label[quant["precision"]]))
+
+
+BUILD_DEFAULTS = dict(fp16=False, bf16=False, int8=False, fp8=False, tf32=False, min_shapes=None, opt_shapes=None,
+                      max_shapes=None, timing_cache=None, opt_level=3, layer_precision=None, keep_io_precision=True,
+                      memory_pool=None, hardware_compat="none", calib=None, calibrator="entropy", calib_cache=None,
+                      calib_batch=16, calib_percentile=99.99, accuracy=None, validation=None)
+
+
+def build_flags_given(flags: dict) -> list[str]:
+    """The build flags among `flags` (keys of BUILD_DEFAULTS) set to other than their default, as --options."""
+    return ["--" + k.replace("_", "-") for k, v in flags.items() if k in BUILD_DEFAULTS and v != BUILD_DEFAULTS[k]]
+
+
+def build_config(shapes: dict[str, tuple[int, ...]], device: str, cuda_graph: bool = True, **flags) -> kiln.BuildConfig:
+    """The BuildConfig of the build flags (options.py; defaults in BUILD_DEFAULTS) that `kiln build` and, on an
+    .onnx, `kiln bench` / `kiln profile` take; --shapes fix inputs, --min/--opt/--max-shapes range them."""
+    unknown = sorted(set(flags) - set(BUILD_DEFAULTS))
+    if unknown:
+        raise InternalError(f"build_config got unknown flags {unknown}")
+    f = {**BUILD_DEFAULTS, **flags}
+    if f["calib_cache"]:  # its reader refuses other files
+        from kiln.quant.calib_cache import KIND as calib_kind
+
+        files.check(f["calib_cache"], calib_kind, force=True, what="calibration cache")
+    profiles = profile_from(shapes, parse_shapes(f["min_shapes"], "--min-shapes"),
+                            parse_shapes(f["opt_shapes"], "--opt-shapes"),
+                            parse_shapes(f["max_shapes"], "--max-shapes"))
+    path = lambda p: str(p) if p else None  # noqa: E731
+    return kiln.BuildConfig(fp16=f["fp16"], bf16=f["bf16"], int8=f["int8"], fp8=f["fp8"], tf32=f["tf32"],
+                            profiles=profiles, timing_cache=path(f["timing_cache"]), opt_level=f["opt_level"],
+                            device=device, layer_precisions=parse_layer_precisions(f["layer_precision"]),
+                            keep_io_precision=f["keep_io_precision"], cuda_graph=cuda_graph,
+                            workspace_bytes=parse_memory_pools(f["memory_pool"]).get("workspace"),
+                            hardware_compat=f["hardware_compat"], calib=path(f["calib"]), calibrator=f["calibrator"],
+                            calib_cache=path(f["calib_cache"]), calib_batch=f["calib_batch"],
+                            calib_percentile=f["calib_percentile"], accuracy=f["accuracy"],
+                            validation=path(f["validation"]))
 
 
 @command
@@ -95,75 +137,51 @@ def build(
     model: Annotated[Path, typer.Argument(help="The ONNX model to build.", show_default=False)],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Plan file to write [default: MODEL.plan]")
                       ] = None,
-    fp16: _flag("fp16", "Allow fp16 kernels.") = False,
-    bf16: _flag("bf16", "Allow bf16 kernels.") = False,
-    int8: _flag("int8", "Allow int8 kernels (explicit Q/DQ or calibration).") = False,
-    fp8: _flag("fp8", "Quantize to fp8 e4m3 (needs --calib or --calib-cache; CUDA: compute capability 8.9+); "
-                      "wins over --int8.") = False,
-    tf32: _flag("tf32", "Allow tf32 matmuls and convolutions.") = False,
+    fp16: Fp16 = False,
+    bf16: Bf16 = False,
+    int8: Int8 = False,
+    fp8: Fp8 = False,
+    tf32: Tf32 = False,
     shapes: Shapes = None,
-    min_shapes: Annotated[Optional[list[str]], typer.Option("--min-shapes", help="Smallest input shapes.")] = None,
-    opt_shapes: Annotated[Optional[list[str]], typer.Option(
-        "--opt-shapes", help="Shapes to tune for [default: the max shapes].")] = None,
-    max_shapes: Annotated[Optional[list[str]], typer.Option("--max-shapes", help="Largest input shapes.")] = None,
-    timing_cache: Annotated[Optional[Path], typer.Option("--timing-cache", help="Timing cache file to reuse.")
-                            ] = None,
-    opt_level: Annotated[int, typer.Option("--opt-level", help="Tuning effort, 0..5.")] = 3,
+    min_shapes: MinShapes = None,
+    opt_shapes: OptShapes = None,
+    max_shapes: MaxShapes = None,
+    timing_cache: TimingCache = None,
+    opt_level: OptLevel = 3,
     device: Device = "auto",
-    layer_precision: Annotated[Optional[list[str]], typer.Option(
-        "--layer-precision", help="Pin a layer's precision, NAME=fp32; repeatable.")] = None,
-    keep_io_precision: Annotated[bool, typer.Option(
-        "--keep-io-precision/--reduced-io-precision",
-        help="Keep inputs and outputs in the model's declared types, or let them take the reduced precision.")
-    ] = True,
-    memory_pool: Annotated[Optional[list[str]], typer.Option(
-        "--memory-pool", help="Most transient device memory one kernel may take, workspace=SIZE (e.g. 256M); "
-                              "tactics that need more are skipped.")] = None,
+    layer_precision: LayerPrecision = None,
+    keep_io_precision: KeepIoPrecision = True,
+    memory_pool: MemoryPool = None,
     cuda_graph: Annotated[bool, typer.Option(
         "--cuda-graph/--no-cuda-graph", help="Capture the whole engine in a CUDA graph per input shape.")] = True,
-    hardware_compat: Annotated[str, typer.Option(
-        "--hardware-compat", help="Devices the plan must run on: none (this GPU model, fastest), same-cc (any GPU "
-                                  "of this compute capability) or portable (any GPU from sm80 on).")] = "none",
-    calib: Annotated[Optional[Path], typer.Option(
-        "--calib", help="--int8/--fp8 calibration data: a .npz or a folder of NAME.npy (samples along axis 0).")
-                                        ] = None,
-    calibrator: Annotated[str, typer.Option(
-        "--calibrator", help="How calibration picks a range: entropy, minmax, percentile or mse.")] = "entropy",
-    calib_cache: Annotated[Optional[Path], typer.Option(
-        "--calib-cache", help="Calibration cache JSON: reused when it fits (no data needed), written after "
-                              "calibrating.")] = None,
-    calib_batch: Annotated[int, typer.Option("--calib-batch", help="Samples per calibration batch.")] = 16,
-    calib_percentile: Annotated[float, typer.Option(
-        "--calib-percentile", help="The percentile calibrator's percentile.")] = 99.99,
-    accuracy: Annotated[Optional[str], typer.Option(
-        "--accuracy", help="--int8/--fp8 accuracy budget vs fp32: 'cosine>=X', 'max-rel<=X' or 'top1-agreement>=X'; "
-                           "the most sensitive layers stay float until it holds.")] = None,
-    validation: Annotated[Optional[Path], typer.Option(
-        "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, "
-                             "like --calib).")] = None,
+    hardware_compat: HardwareCompatOption = "none",
+    calib: Calib = None,
+    calibrator: Calibrator = "entropy",
+    calib_cache: CalibCache = None,
+    calib_batch: CalibBatch = 16,
+    calib_percentile: CalibPercentile = 99.99,
+    accuracy: Accuracy = None,
+    validation: Validation = None,
     sign_key: SignKey = None,
     force: Force = False,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Build an engine from an ONNX model and save it as a plan file."""
+    from kiln.engine.plan import KIND
+    from kiln.engine.signing import load_private_key
+
     plan = output or model.with_suffix(".plan")
     if plan.resolve() == model.resolve():
         raise ConfigError(f"the plan would overwrite the model {model}; name another file with -o")
     files.check(plan, KIND, force=force, what="plan file")  # before the build, not after it
-    if calib_cache:
-        files.check(calib_cache, calib_kind, force=True, what="calibration cache")  # its reader refuses others
-    profiles = profile_from(parse_shapes(shapes), parse_shapes(min_shapes, "--min-shapes"),
-                            parse_shapes(opt_shapes, "--opt-shapes"), parse_shapes(max_shapes, "--max-shapes"))
-    config = kiln.BuildConfig(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, profiles=profiles,
-                              timing_cache=str(timing_cache) if timing_cache else None, opt_level=opt_level,
-                              device=device, layer_precisions=parse_layer_precisions(layer_precision),
-                              keep_io_precision=keep_io_precision, cuda_graph=cuda_graph,
-                              workspace_bytes=parse_memory_pools(memory_pool).get("workspace"),
-                              hardware_compat=hardware_compat, calib=str(calib) if calib else None,
-                              calibrator=calibrator, calib_cache=str(calib_cache) if calib_cache else None,
-                              calib_batch=calib_batch, calib_percentile=calib_percentile, accuracy=accuracy,
-                              validation=str(validation) if validation else None)
+    config = build_config(parse_shapes(shapes), device, cuda_graph, fp16=fp16, bf16=bf16, int8=int8, fp8=fp8,
+                          tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes, max_shapes=max_shapes,
+                          timing_cache=timing_cache, opt_level=opt_level, layer_precision=layer_precision,
+                          keep_io_precision=keep_io_precision, memory_pool=memory_pool,
+                          hardware_compat=hardware_compat, calib=calib, calibrator=calibrator,
+                          calib_cache=calib_cache, calib_batch=calib_batch, calib_percentile=calib_percentile,
+                          accuracy=accuracy, validation=validation)
     key = load_private_key(sign_key) if sign_key else None  # a bad key fails before the build, not after
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)

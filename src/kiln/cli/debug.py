@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 import kiln
-from kiln.accuracy.bisect import MODES, find_fp32_layers
-from kiln.accuracy.metrics import Tolerance
 from kiln.cli.compare import Atol, Inputs, InputsDir, OnnxModel, Rtol, default_tolerance, feeds_for, require_model
 from kiln.cli.errors import command
 from kiln.cli.options import Device, Json, Seed, Shapes, Verbose, parse_shapes
 from kiln.cli.output import print_json, status
 from kiln.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kiln.accuracy.metrics import Tolerance
 
 app = typer.Typer(help="Find why an engine's outputs differ: precision problems layer by layer.",
                   no_args_is_help=True)
@@ -22,6 +23,8 @@ app = typer.Typer(help="Find why an engine's outputs differ: precision problems 
 def search_tolerance(config: kiln.BuildConfig, rtol: float | None, atol: float | None,
                      cosine: float | None) -> Tolerance:
     """--cosine alone, or --rtol/--atol (defaulting to the precision's tolerance)."""
+    from kiln.accuracy.metrics import Tolerance
+
     if cosine is None:
         return default_tolerance(config, rtol, atol)
     if rtol is not None or atol is not None:
@@ -52,6 +55,8 @@ def precision(
     as_json: Json = False,
 ) -> None:
     """Build in --precision with candidate layers pinned to fp32 until the outputs match the fp32 build."""
+    from kiln.accuracy.bisect import MODES, find_fp32_layers
+
     require_model(model)
     if reduced not in ("fp16", "bf16"):
         raise ConfigError(f"--precision {reduced!r}: choose fp16 or bf16")

@@ -8,12 +8,13 @@ from rich.table import Table
 from kiln.cli.errors import command
 from kiln.cli.options import Device, Json, Verbose
 from kiln.cli.output import add_row, print_json, status, stdout
-from kiln.demo import cache_dir, run_demo
 
 
 @command
 def demo(device: Device = "auto", verbose: Verbose = False, as_json: Json = False) -> None:
     """Make a small CNN and a small transformer encoder, build them, check them against torch, time them."""
+    from kiln.demo import cache_dir, run_demo
+
     results = run_demo(device, report=lambda message: status(f"demo: {message}"))
     if as_json:
         print_json([{"model": r.name, "plan": str(r.plan), "device": r.device, "input_shape": list(r.input_shape),

@@ -7,33 +7,28 @@ import datetime
 import math
 import struct
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import onnx
-import torch
 import typer
 from rich.table import Table
 
 from kiln.cli.errors import command, one_line
 from kiln.cli.options import Json, Verbose, is_onnx
 from kiln.cli.output import add_row, fmt_arena, fmt_bytes, key_values, print_json, stdout
-from kiln.quant.pipeline import PIPELINE
-from kiln.quant.report import layer_precisions, size_breakdown
-from kiln.engine import plan
-from kiln.util.safe_json import printable
-from kiln.engine.serialize import network_from_json
 from kiln.errors import ConfigError, UnsupportedOpError
-from kiln.frontend.onnx import import_onnx, load_onnx
-from kiln.frontend.onnx.external_data import external_tensors, resolve_location
-from kiln.frontend.onnx.loader import read_model
-from kiln.frontend.onnx.registry import lookup
-from kiln.kinds import quantized
-from kiln.ir import Layer, Network
-from kiln.passes import PassContext, default_passes, run_passes
+from kiln.util.safe_json import printable
+
+if TYPE_CHECKING:  # the heavy imports (torch, onnx, the IR) happen in the functions: `kiln --help` stays fast
+    import onnx
+    import torch
+
+    from kiln.ir import Layer, Network
 
 
 def _bytes(value) -> int:
     """Bytes of a tensor, or of the tensors in a (nested) list attribute."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, (list, tuple)):
@@ -77,6 +72,8 @@ def _weights_by_dtype(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
 def _size_breakdown(path: Path, tensors: dict[str, torch.Tensor]) -> dict:
     """The plan file's bytes by what they hold: header, manifest, weights by dtype, and the rest (the
     safetensors index and alignment). Read after `plan.read` has checked the file."""
+    from kiln.engine import plan
+
     with open(path, "rb") as f:
         hlen = plan.PREFIX.unpack(f.read(plan.PREFIX.size))[2]
         f.seek(plan.PREFIX.size + hlen)
@@ -90,6 +87,11 @@ def _size_breakdown(path: Path, tensors: dict[str, torch.Tensor]) -> dict:
 
 def describe_plan(path: Path, header_only: bool) -> dict:
     """The header alone (payload untouched), or everything the plan records."""
+    from kiln.engine import plan
+    from kiln.engine.serialize import network_from_json
+    from kiln.kinds import quantized
+    from kiln.quant.report import layer_precisions, size_breakdown
+
     header = plan.read_header(path)
     if header_only:
         return {"file": str(path), "header": header}
@@ -126,6 +128,8 @@ def _nodes(graph: onnx.GraphProto):
 
 
 def _value(vi: onnx.ValueInfoProto) -> dict:
+    import onnx
+
     tt = vi.type.tensor_type
     dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
     dtype = onnx.TensorProto.DataType.Name(tt.elem_type).lower() if tt.elem_type else "?"
@@ -134,6 +138,10 @@ def _value(vi: onnx.ValueInfoProto) -> dict:
 
 def describe_onnx(path: Path) -> dict:
     """Op counts, which of them kiln imports at the model's opsets, inputs, outputs and parameter count."""
+    from kiln.frontend.onnx.external_data import external_tensors, resolve_location
+    from kiln.frontend.onnx.loader import read_model
+    from kiln.frontend.onnx.registry import lookup
+
     proto = read_model(path)
     for t in external_tensors(proto):  # a location leaving the model's folder is an error, not a table row
         resolve_location(path.parent, {e.key: e.value for e in t.external_data}.get("location", ""), t.name)
@@ -158,12 +166,17 @@ def describe_onnx(path: Path) -> dict:
 def pass_pipeline() -> list[dict]:
     """The ordered passes a build runs (quant/pipeline.py): the float graph passes, then the precision passes,
     each with its stage and the build flags or device under which it runs."""
+    from kiln.quant.pipeline import PIPELINE
+
     return [{"pass": s.name, "stage": s.stage.value, "runs": s.condition} for s in PIPELINE]
 
 
 def planned_fusions(path: Path) -> dict:
     """Import the model and run the build's graph passes (no device, no tuning): which layers several ONNX
     nodes become, by kind, and what each pass did. An op kiln cannot import is reported; an invalid model raises."""
+    from kiln.frontend.onnx import import_onnx, load_onnx
+    from kiln.passes import PassContext, default_passes, run_passes
+
     try:
         net = import_onnx(load_onnx(path).proto)
         imported = len(net.layers)

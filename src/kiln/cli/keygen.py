@@ -9,7 +9,6 @@ import typer
 
 from kiln.cli.errors import command
 from kiln.cli.options import Verbose
-from kiln.engine.signing import generate
 
 
 @command
@@ -19,6 +18,8 @@ def keygen(
     verbose: Verbose = False,
 ) -> None:
     """Create a key pair: sign plans with `kiln build --sign-key KEY`, verify them with `--verify-key KEY.pub`."""
+    from kiln.engine.signing import generate
+
     private, public = generate(output)
     typer.echo(f"wrote {private} (private: keep it secret; sign with --sign-key {private})")
     typer.echo(f"wrote {public} (public: load with --verify-key {public})")

@@ -73,3 +73,49 @@ def parse_memory_pools(specs: list[str] | None) -> dict[str, int]:
                                   "--memory-pool workspace=256M (K, M, G: powers of 1024)")
             pools[name] = int(float(m.group(1)) * _UNITS[(m.group(2) or "")[:1].upper()])
     return pools
+
+
+# -- build flags: `kiln build`, and `kiln bench` / `kiln profile` on an .onnx (which build it first) --------------
+def _flag(name: str, what: str):
+    return Annotated[bool, typer.Option(f"--{name}", help=what)]
+
+
+Fp16 = _flag("fp16", "Allow fp16 kernels.")
+Bf16 = _flag("bf16", "Allow bf16 kernels.")
+Int8 = _flag("int8", "Allow int8 kernels (explicit Q/DQ or calibration).")
+Fp8 = _flag("fp8", "Quantize to fp8 e4m3 (needs --calib or --calib-cache; CUDA: compute capability 8.9+); wins over "
+                   "--int8.")
+Tf32 = _flag("tf32", "Allow tf32 matmuls and convolutions.")
+MinShapes = Annotated[Optional[list[str]], typer.Option("--min-shapes", help="Smallest input shapes.")]
+OptShapes = Annotated[Optional[list[str]], typer.Option("--opt-shapes", help="Shapes to tune for [default: the max "
+                                                                             "shapes].")]
+MaxShapes = Annotated[Optional[list[str]], typer.Option("--max-shapes", help="Largest input shapes.")]
+TimingCache = Annotated[Optional[Path], typer.Option("--timing-cache", help="Timing cache file to reuse.")]
+OptLevel = Annotated[int, typer.Option("--opt-level", help="Tuning effort, 0..5.")]
+LayerPrecision = Annotated[Optional[list[str]], typer.Option(
+    "--layer-precision", help="Pin a layer's precision, NAME=fp32; repeatable.")]
+KeepIoPrecision = Annotated[bool, typer.Option(
+    "--keep-io-precision/--reduced-io-precision",
+    help="Keep inputs and outputs in the model's declared types, or let them take the reduced precision.")]
+MemoryPool = Annotated[Optional[list[str]], typer.Option(
+    "--memory-pool", help="Most transient device memory one kernel may take, workspace=SIZE (e.g. 256M); tactics "
+                          "that need more are skipped.")]
+HardwareCompatOption = Annotated[str, typer.Option(
+    "--hardware-compat", help="Devices the plan must run on: none (this GPU model, fastest), same-cc (any GPU of "
+                              "this compute capability) or portable (any GPU from sm80 on).")]
+Calib = Annotated[Optional[Path], typer.Option(
+    "--calib", help="--int8/--fp8 calibration data: a .npz or a folder of NAME.npy (samples along axis 0).")]
+Calibrator = Annotated[str, typer.Option(
+    "--calibrator", help="How calibration picks a range: entropy, minmax, percentile or mse.")]
+CalibCache = Annotated[Optional[Path], typer.Option(
+    "--calib-cache", help="Calibration cache JSON: reused when it fits (no data needed), written after calibrating.")]
+CalibBatch = Annotated[int, typer.Option("--calib-batch", help="Samples per calibration batch.")]
+CalibPercentile = Annotated[float, typer.Option("--calib-percentile", help="The percentile calibrator's percentile.")]
+Accuracy = Annotated[Optional[str], typer.Option(
+    "--accuracy", help="--int8/--fp8 accuracy budget vs fp32: 'cosine>=X', 'max-rel<=X' or 'top1-agreement>=X'; the "
+                       "most sensitive layers stay float until it holds.")]
+Validation = Annotated[Optional[Path], typer.Option(
+    "--validation", help="The accuracy budget's validation data (.npz or folder of NAME.npy, like --calib).")]
+InputFiles = Annotated[Optional[list[str]], typer.Option(
+    "--input", "-i", help="name=file.npy for one input, or file.npz for several; repeatable. Their shapes are the "
+                          "run's (an .onnx is built for them); inputs not given are random.")]

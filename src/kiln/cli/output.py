@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import typer
 from rich.console import Console
@@ -13,7 +13,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kiln.builder.build import Progress as BuildProgress
+if TYPE_CHECKING:
+    from kiln.builder.build import Progress as BuildProgress
 
 
 def stdout() -> Console:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from kiln.bench.profile import LayerProfile, profile_layers
 from kiln.cli.errors import command
-from kiln.cli.inputs import on_device, open_engine, random_feeds
-from kiln.cli.options import Device, Force, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
+from kiln.cli.inputs import engine_and_feeds
+from kiln.cli.options import (Device, Force, InputFiles, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey,
+                              parse_shapes)
 from kiln.cli.output import add_row, print_json, status, stdout
 from kiln.util import files
+
+if TYPE_CHECKING:
+    from kiln.bench.profile import LayerProfile
 
 TOP = 30
 
@@ -55,6 +58,7 @@ def profile(
     iterations: Annotated[int, typer.Option("--iterations", help="Profiled passes over the engine.")] = 20,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes first.")] = 2,
     export: ExportProfile = None,
+    inputs: InputFiles = None,
     shapes: Shapes = None,
     seed: Seed = 0,
     device: Device = "auto",
@@ -64,12 +68,15 @@ def profile(
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
-    """Time each layer's kernel on random inputs: mean/median per layer, slowest first."""
+    """Time each layer's kernel on given or random inputs: mean/median per layer, slowest first."""
+    from kiln.bench.profile import profile_layers
+    from kiln.cli.inputs import on_device
+
     shape_map = parse_shapes(shapes)
     if export:
         files.check(export, PROFILE, force=force, what="--export-profile file")
-    engine = open_engine(model, shape_map, device, policy, verify_key)
-    feeds = on_device(random_feeds(engine, shape_map, seed), engine.device.torch_device)
+    engine, feeds, _ = engine_and_feeds(model, inputs, shape_map, None, device, policy, verify_key, seed, {})
+    feeds = on_device(feeds, engine.device.torch_device)
     status(f"profiling {model.name} on {engine.device.name} ...")
     result = profile_layers(engine, feeds, iterations, warmup)
     if export:

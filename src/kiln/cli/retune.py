@@ -8,10 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from kiln.cli.errors import command
-from kiln.cli.inputs import load_plan
 from kiln.cli.options import Force, Json, SignKey, VerifyKey, Verbose
 from kiln.cli.output import build_progress, fmt_bytes, key_values, print_json, stdout
-from kiln.engine.plan import KIND
 from kiln.engine.signing import load_private_key
 from kiln.errors import ConfigError
 from kiln.util import files
@@ -34,6 +32,9 @@ def retune(
     with this device's fingerprint."""
     if output.resolve() == plan.resolve():
         raise ConfigError(f"-o {output} would overwrite the plan being re-tuned; name another file")
+    from kiln.cli.inputs import load_plan
+    from kiln.engine.plan import KIND
+
     files.check(output, KIND, force=force, what="plan file")  # before re-tuning, not after it
     key = load_private_key(sign_key) if sign_key else None
     with build_progress(f"re-tuning {plan.name}") as progress:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
@@ -14,10 +13,15 @@ from kiln.cli.inputs import load_inputs, open_engine, output_paths, random_feeds
 from kiln.cli.options import Device, Force, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
 from kiln.cli.output import add_row, print_json, stdout
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 def describe(value: np.ndarray) -> dict:
     """Shape, dtype and value range of one output (no range for empty, text or complex arrays); NaN and ±Inf
     propagate as IEEE says (a NaN anywhere makes min, max and mean NaN)."""
+    import numpy as np
+
     d = {"shape": list(value.shape), "dtype": str(value.dtype)}
     if value.size and value.dtype.kind not in "OUSc":  # ml_dtypes (bf16, fp8, int4) have kind V and cast to float
         as_f64 = value.astype(np.float64)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 
-import torch
-
 from kiln.errors import ConfigError
 from kiln.version import __version__
 
@@ -30,6 +28,8 @@ def _driver_version() -> str | None:
     except Exception:  # pynvml absent or no NVML: fall back to the CUDA driver API version torch reports
         pass
     try:
+        import torch
+
         v = int(torch._C._cuda_getDriverVersion())  # e.g. 12080: the CUDA version the driver supports
         return f"cuda-driver-api {v // 1000}.{v % 1000 // 10}"
     except Exception:
@@ -51,6 +51,8 @@ class Device:
 
     def fingerprint(self) -> dict:
         """What identifies this device and software stack: the plan header records it, loads compare it."""
+        import torch  # here, not at import: `kiln --help` must not load torch
+
         fp = {"backend": self.backend, "name": self.name, "kiln": __version__,
               "torch": torch.__version__.split("+")[0], "triton": _triton_version()}
         if self.backend == "cuda":
@@ -62,6 +64,8 @@ class Device:
 
 def detect(requested: str = "auto", hardware_compat: str = "none") -> Device:
     """The best device present (`auto`), or the one asked for."""
+    import torch
+
     has_cuda = torch.cuda.is_available()
     if requested == "cuda" and not has_cuda:
         raise ConfigError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
