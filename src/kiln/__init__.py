@@ -58,4 +58,4 @@ def load(path, policy: str = "strict", *, verify_key=None, timing_cache=None) ->
 
 __all__ = ["BuildConfig", "ConfigError", "Engine", "EngineCompatibilityError", "InferenceSession", "InputError",
            "InternalError", "KilnError", "ModelError", "PlanError", "ShapeRange", "UnsupportedOpError", "__version__",
-           "build", "load"]
+           "build", "compile", "load"]
