@@ -192,7 +192,7 @@ def test_configs_fit_shared_memory_and_refuse_long_reductions(monkeypatch):
     from kiln.tactics import triton_int8_chain
     monkeypatch.setattr(triton_int8_chain, "smem_limit", lambda device: SMEM)
     want = int8_gemm_chain.configs(2 * 14 * 14, 64, 256, 64, SMEM, True)
-    assert [{k: c[k] for k in int8_gemm_chain.CONFIG_KEYS} for c in triton_int8_chain._wgmma_configs(spec, CPU, 3)] \
+    assert [{k: c[k] for k in int8_gemm_chain.CONFIG_KEYS} for c in triton_int8_chain.wgmma_configs(spec, CPU, 3)] \
         == want
     assert int8_gemm_chain.configs(None, 256, 1024, 256, SMEM, True) == []  # layer 3: weights too big
     assert int8_gemm_chain.configs(None, 160, 256, 64, SMEM, True) == []

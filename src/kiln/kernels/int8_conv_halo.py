@@ -3,7 +3,7 @@ BH x BW output pixels and one channel block it loads, per kernel column s, the h
 shifted by s, and feeds wgmma tap (r, s) as that box's rows r·BW onwards (a contiguous, swizzle-aligned view of
 shared memory). The TMA conv (kernels/int8_gemm_wgmma.py) loads one box per tap and, for 64-channel layers, is
 bound by L2 bandwidth; the pointer conv leans on L1 instead. It also runs the space-to-depth stem's 4x1 conv over
-overlapping rows (tactics/triton_int8_s2d.py).
+overlapping rows (tactics/triton_int8_s2d.py, registered by tactics/quant_conv.py).
 
 The program is persistent: its weight block [KH·KW·C, BLOCK_N] stays in shared memory, the next tile's boxes load
 while this tile is multiplied, and the requantized tile leaves by a TMA store (clipped at the map's edge).

@@ -1,7 +1,7 @@
 """What the quantized Triton and Gluon tactics (tactics/triton_int8*.py) share beyond the GEMM lowering
 (tactics/int8_lowering.py): the GEMM's rows, the NHWC config mark, the device and layer checks of the TMA and
-Gluon kernels, the epilogue keywords of both launcher families, and the int8/fp8 variant table that registers one
-launcher as a tactic per quantized type."""
+Gluon kernels, the epilogue keywords of both launcher families, and the int8/fp8 variant table that makes one
+launcher a tactic per quantized type (`qtype_variants`, listed in the layer kinds' tables: tactics/quant_*.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from kiln.kernels.common import capability
 from kiln.kinds.qtype import FP8, INT8, QType
 from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
-from kiln.tactics.registry import Tactic, register
+from kiln.tactics.registry import Tactic
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import act_kwargs, epilogue, mark_nhwc, rows
 
@@ -96,19 +96,16 @@ def qtype_reason(spec: LayerSpec, device, qt: QType) -> str | None:
 QTYPES = ((INT8, False), (FP8, True))  # the variants of one launcher: quantized type, architecture-specific
 
 
-def register_qtypes(stem: str, kinds: tuple[str, ...], compile, configs, priority: int, *,
-                    layer_reason: Callable[[LayerSpec], str | None] | None = None,
-                    device_reason: Callable[[object], str | None] | None = None,
-                    arch_specific: bool = False) -> dict[QType, Tactic]:
-    """Register triton_int8_<stem> then triton_fp8_<stem>, one launcher for both types. Each variant's `supports`
-    is the layer check, then the lowering's check for its type (`qtype_reason`), then the device check; fp8 variants
-    are architecture-specific."""
-    tactics = {}
-    for qt, fp8_arch in QTYPES:
-        tactics[qt] = register(Tactic(f"triton_{qt.label}_{stem}", kinds, compile,
-                                      _variant_supports(qt, layer_reason, device_reason), configs, priority=priority,
-                                      arch_specific=arch_specific or fp8_arch, writes_out=True))
-    return tactics
+def qtype_variants(stem: str, kinds: tuple[str, ...], compile, configs, priority: int, *,
+                   layer_reason: Callable[[LayerSpec], str | None] | None = None,
+                   device_reason: Callable[[object], str | None] | None = None,
+                   arch_specific: bool = False) -> tuple[Tactic, ...]:
+    """triton_int8_<stem> then triton_fp8_<stem> (QTYPES' order), one launcher for both types, for a layer kind's
+    table (tactics/quant_*.py registers them). Each variant's `supports` is the layer check, then the lowering's check
+    for its type (`qtype_reason`), then the device check; fp8 variants are architecture-specific."""
+    return tuple(Tactic(f"triton_{qt.label}_{stem}", kinds, compile, _variant_supports(qt, layer_reason, device_reason),
+                        configs, priority=priority, arch_specific=arch_specific or fp8_arch, writes_out=True)
+                 for qt, fp8_arch in QTYPES)
 
 
 def _variant_supports(qt: QType, layer_reason, device_reason):

@@ -8,7 +8,7 @@ kernel: a callable from the layer's input values to its output values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -55,6 +55,21 @@ def register(tactic: Tactic) -> Tactic:
     for k in tactic.kinds:
         BY_KIND.setdefault(k, []).append(tactic)
     return tactic
+
+
+def register_table(kind: str, table: Iterable[Tactic]) -> tuple[Tactic, ...]:
+    """Register the tactics of one layer kind in the table's order, which breaks ties between equal priorities (the
+    quantized kinds: tactics/quant_*.py). A tactic serving several kinds is one object, listed in each of their
+    tables: the first table to list it registers it, the others add it to their kind. Every kind a listed tactic
+    names must list it (tests/tactics/test_quant_tactic_table.py checks that)."""
+    table = tuple(table)
+    for tactic in table:
+        if kind not in tactic.kinds:
+            raise InternalError(f"tactic {tactic.name!r} listed for {kind!r}, which it does not run")
+        if TACTICS.setdefault(tactic.name, tactic) is not tactic or any(t is tactic for t in BY_KIND.get(kind, ())):
+            raise InternalError(f"tactic {tactic.name!r} registered twice")
+        BY_KIND.setdefault(kind, []).append(tactic)
+    return table
 
 
 def get(name: str) -> Tactic:

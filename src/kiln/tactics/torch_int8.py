@@ -4,7 +4,7 @@ _int_mm on CUDA needs A [M, K] with M > 16 and K, N multiples of 8: the weight i
 multiples of 8 once at build time; A is zero-padded (rows to 32 when M ≤ 16, columns to K's multiple of 8)
 at run time, which costs a copy only for such layers (e.g. a first conv with 3 channels). The padding
 adds zeros to the integer sums, so results stay exact. The epilogue is the reference's own arithmetic
-(int8_lowering.torch_epilogue).
+(int8_lowering.torch_epilogue). The tactic, torch_int_mm, is registered by tactics/quant_gemm.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
-from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 
 MIN_ROWS = 17  # _int_mm needs M > 16
@@ -32,7 +31,7 @@ def int_mm(a: torch.Tensor, w_t: torch.Tensor, k: int) -> torch.Tensor:
     return torch._int_mm(a, w_t)[:m]
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_int_mm(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     n, k = form.w.shape
     w_t = F.pad(form.w, (0, _round8(k) - k, 0, _round8(n) - n)).t()  # [K8, N8] column-major, cuBLASLt's liking
@@ -44,8 +43,5 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
+def supports_int_mm(spec: LayerSpec, device) -> str | None:
     return int8_lowering.supports(spec, INT8)
-
-
-register(Tactic("torch_int_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10, fresh=True))

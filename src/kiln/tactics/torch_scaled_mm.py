@@ -7,7 +7,8 @@ at run time (a copy only for such layers). Zeros add nothing to the sums. Scales
 scale_a = scale_b = 1, and the combined x_scale·w_scale[n] applied in the epilogue as one fp32 product, the
 reference's rounding (int8_lowering.torch_epilogue). The rowwise form (scale_a [M, 1], scale_b [1, N]) would fold
 the scales into cuBLAS, but outside sm90 with cuBLAS ≥ 12.9 it writes only bf16, which would round the fp32
-value the epilogue needs. No fast accumulation: cuBLAS promotes the fp8 partial sums into fp32.
+value the epilogue needs. No fast accumulation: cuBLAS promotes the fp8 partial sums into fp32. The tactic,
+torch_scaled_mm, is registered by tactics/quant_gemm.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 
 from kiln.kinds.qtype import FP8
 from kiln.tactics import int8_lowering
-from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 
 ALIGN = 16  # _scaled_mm: K and N multiples of 16
@@ -36,7 +36,7 @@ def scaled_mm(a: torch.Tensor, w_t: torch.Tensor, one: torch.Tensor) -> torch.Te
     return torch._scaled_mm(a, w_t, scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=False)
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_scaled_mm(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     n, k = form.w.shape
     w_t = int8_lowering.pad_bytes(form.w, (0, _round16(k) - k, 0, _round16(n) - n)).t()  # [K16, N16] column-major
@@ -49,9 +49,5 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
+def supports_scaled_mm(spec: LayerSpec, device) -> str | None:
     return int8_lowering.supports(spec, FP8) or int8_lowering.fp8_device_reason(device)
-
-
-register(Tactic("torch_scaled_mm", ("QuantGemm", "QuantConv"), _compile, _supports, priority=10, arch_specific=True,
-                fresh=True))

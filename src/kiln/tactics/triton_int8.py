@@ -3,7 +3,8 @@ or quantized with res_scale), activation and requantization fused into the GEMM'
 shared memory.
 
 One kernel, two tactics: triton_int8_gemm for int8 layers, triton_fp8_gemm for fp8 e4m3 layers (compute
-capability 8.9 and later; architecture-specific, so --hardware-compat portable builds leave it out)."""
+capability 8.9 and later; architecture-specific, so --hardware-compat portable builds leave it out). This module holds
+the launcher; tactics/quant_gemm.py registers them (and tactics/quant_conv.py lists them)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from kiln.kernels import int8_gemm
 from kiln.kernels.common import smem_limit
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
-from kiln.tactics.int8_common import gemm_rows, nhwc, register_qtypes, triton_epilogue_kwargs
+from kiln.tactics.int8_common import gemm_rows, nhwc, triton_epilogue_kwargs
 from kiln.tactics.spec import LayerSpec
 
 
-def _configs(spec: LayerSpec, device, level: int):
+def gemm_configs(spec: LayerSpec, device, level: int):
     w = spec.inputs[1].const
     return nhwc(spec, int8_gemm.configs(gemm_rows(spec), w.shape[0], w[0].numel(), smem_limit(device), level))
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_gemm(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     w = form.w.t()  # (K, N) view of the [N, K] weight
     scale, bias = form.scale, form.bias
@@ -34,6 +35,3 @@ def _compile(spec: LayerSpec, config, device):
         return [form.back(y, x)]
 
     return run
-
-
-register_qtypes("gemm", ("QuantGemm", "QuantConv"), _compile, _configs, priority=20)

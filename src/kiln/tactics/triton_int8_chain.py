@@ -1,6 +1,7 @@
 """QuantConvChain (an int8 1x1 conv, or conv pair, and the 1x1 conv reading its output, quant/fuse_conv_chain.py):
 through the Gluon chain kernel (kernels/int8_gemm_chain.py, Hopper: the first output is written once and never read
-back), or, on any GPU, as Triton implicit-GEMM convs (kernels/int8_conv.py), the second reading the first's output."""
+back), or, on any GPU, as Triton implicit-GEMM convs (kernels/int8_conv.py), the second reading the first's output.
+This module holds the launchers and checks; tactics/quant_conv_chain.py registers the tactics."""
 
 from __future__ import annotations
 
@@ -11,10 +12,8 @@ from kiln.kinds.quantized import second_attrs
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import rank
 from kiln.tactics.int8_common import tma_device_reason
-from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import act_kwargs, epilogue, mark_nhwc
-from kiln.tactics.triton_int8_pair import split_configs
 
 X, W, W_SCALE, BIAS, R, W2, W2_SCALE, BIAS2, XS, WS, WS_SCALE, BIAS_S = range(12)  # QuantConvChain's inputs
 
@@ -24,7 +23,7 @@ def _input(spec: LayerSpec, k: int):
     return spec.inputs[k] if len(spec.inputs) > k else None
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
+def supports_chain(spec: LayerSpec, device) -> str | None:
     a, i = spec.attrs, [_input(spec, k) for k in range(12)]
     if spec.kind != "QuantConvChain" or int8_lowering.qtype(spec) is not INT8:
         return "int8 QuantConvChain only"
@@ -61,7 +60,7 @@ def _matrix(spec: LayerSpec, k: int):
     return w.reshape(w.shape[:2]).contiguous()
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_split(spec: LayerSpec, config, device):
     a = spec.attrs
     w, scale, bias, w2, scale2, bias2, shortcut = _constants(spec)
     w, w2 = (int8_conv.pack_weight(t[:, :, None, None]) for t in (w, w2))
@@ -84,10 +83,6 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_int8_conv_chain", ("QuantConvChain",), _compile, _supports, split_configs, priority=15,
-                writes_out=True))
-
-
 def _shape(spec: LayerSpec) -> tuple[int, int, int, bool, int]:
     """(K, N, N2, residual, K of the shortcut conv or 0) of the chain's GEMMs."""
     co, c = spec.inputs[W].const.shape[:2]
@@ -95,8 +90,8 @@ def _shape(spec: LayerSpec) -> tuple[int, int, int, bool, int]:
     return c, co, spec.inputs[W2].const.shape[0], spec.inputs[R] is not None, 0 if ws is None else ws.const.shape[1]
 
 
-def _supports_wgmma(spec: LayerSpec, device) -> str | None:
-    reason = _supports(spec, device) or tma_device_reason(device)
+def supports_wgmma(spec: LayerSpec, device) -> str | None:
+    reason = supports_chain(spec, device) or tma_device_reason(device)
     if reason is None and not int8_gemm_chain.available():
         return "this triton has no Gluon"
     if reason is None and _input(spec, XS) is not None and tuple(spec.attrs.get("strides2", (1, 1))) != (1, 1):
@@ -104,18 +99,18 @@ def _supports_wgmma(spec: LayerSpec, device) -> str | None:
     if reason is None and any(epilogue(a)[0] not in int8_gemm_chain.wg.ACTIVATIONS
                               for a in (spec.attrs, second_attrs(spec.attrs))):
         return f"activations {', '.join(int8_gemm_chain.wg.ACTIVATIONS)} only"
-    if reason is None and not _wgmma_configs(spec, device, 3):
+    if reason is None and not wgmma_configs(spec, device, 3):
         return "no tile fits: K must be 32..128, N a multiple of 64, N2 at most 256, both weights in shared memory"
     return reason
 
 
-def _wgmma_configs(spec: LayerSpec, device, level: int):
+def wgmma_configs(spec: LayerSpec, device, level: int):
     out, (k, n, n2, residual, kx) = spec.outputs[0].shape, _shape(spec)
     return mark_nhwc(int8_gemm_chain.configs(out[0] * out[2] * out[3], k, n, n2, smem_limit(device), residual,
                                              kx))
 
 
-def _compile_wgmma(spec: LayerSpec, config, device):
+def compile_wgmma(spec: LayerSpec, config, device):
     a = spec.attrs
     w, scale, bias, w2, scale2, bias2, shortcut = _constants(spec)
     b = second_attrs(a)
@@ -134,10 +129,6 @@ def _compile_wgmma(spec: LayerSpec, config, device):
         return [back(y), back(z)]
 
     return run
-
-
-register(Tactic("triton_int8_conv_chain_wgmma", ("QuantConvChain",), _compile_wgmma, _supports_wgmma,
-                _wgmma_configs, priority=18, arch_specific=True, writes_out=True))
 
 
 def fits(device):

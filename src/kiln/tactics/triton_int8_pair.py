@@ -1,7 +1,8 @@
 """QuantConvPair (two 1x1 int8 convs summed under one epilogue, quant/fuse_conv_pair.py): through the Gluon pair
 kernel (kernels/int8_conv_pair.py, Hopper: neither the second conv's fp32 map nor an int8 copy of it touches
 memory), or, on any GPU, as two Triton implicit-GEMM convs (kernels/int8_conv.py): the second writes its fp32
-value, which the first adds as a float residual, the same fp32 operations in the same order."""
+value, which the first adds as a float residual, the same fp32 operations in the same order. This module holds
+the launchers and checks; tactics/quant_conv_pair.py registers the tactics."""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first, rank
 from kiln.tactics.int8_common import tma_device_reason
-from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import act_kwargs, epilogue, mark_nhwc
 
 X, W, W_SCALE, BIAS, X2, W2, W2_SCALE, BIAS2 = range(8)  # QuantConvPair's inputs
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
+def supports_pair(spec: LayerSpec, device) -> str | None:
     a = spec.attrs
     if spec.kind != "QuantConvPair" or int8_lowering.qtype(spec) is not INT8:
         return "int8 QuantConvPair only"
@@ -46,7 +46,7 @@ def split_configs(spec: LayerSpec, device, level: int):
     return mark_nhwc(int8_conv.configs(out[0] * out[2] * out[3], out[1], c, smem_limit(device), level))
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_split(spec: LayerSpec, config, device):
     a = spec.attrs
     w, w2 = (int8_conv.pack_weight(spec.inputs[k].const) for k in (W, W2))
     scale, bias, scale2, bias2 = _epilogue_constants(spec)
@@ -62,10 +62,6 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_int8_conv_pair", ("QuantConvPair",), _compile, _supports, split_configs, priority=15,
-                writes_out=True))
-
-
 def _wgmma_reason(spec: LayerSpec) -> str | None:
     if not int8_conv_pair.available():
         return "this triton has no Gluon"
@@ -76,19 +72,19 @@ def _wgmma_reason(spec: LayerSpec) -> str | None:
     return None
 
 
-def _supports_wgmma(spec: LayerSpec, device) -> str | None:
-    reason = _supports(spec, device) or _wgmma_reason(spec) or tma_device_reason(device)
-    if reason is None and not _wgmma_configs(spec, device, 3):
+def supports_wgmma(spec: LayerSpec, device) -> str | None:
+    reason = supports_pair(spec, device) or _wgmma_reason(spec) or tma_device_reason(device)
+    if reason is None and not wgmma_configs(spec, device, 3):
         return "no tile fits: both convs' weight blocks too big for shared memory"
     return reason
 
 
-def _wgmma_configs(spec: LayerSpec, device, level: int):
+def wgmma_configs(spec: LayerSpec, device, level: int):
     out, (c, c2) = spec.outputs[0].shape, (spec.inputs[k].const.shape[1] for k in (W, W2))
     return mark_nhwc(int8_conv_pair.configs(out[2], out[3], out[1], c, c2, smem_limit(device)))
 
 
-def _compile_wgmma(spec: LayerSpec, config, device):
+def compile_wgmma(spec: LayerSpec, config, device):
     a = spec.attrs
     w, w2 = (spec.inputs[k].const.reshape(spec.inputs[k].const.shape[:2]).contiguous() for k in (W, W2))
     scale, bias, scale2, bias2 = _epilogue_constants(spec)
@@ -101,10 +97,6 @@ def _compile_wgmma(spec: LayerSpec, config, device):
                                          w2, scale2, bias2, out=first(out), **kw)]
 
     return run
-
-
-register(Tactic("triton_int8_conv_pair_wgmma", ("QuantConvPair",), _compile_wgmma,
-                _supports_wgmma, _wgmma_configs, priority=18, arch_specific=True, writes_out=True))
 
 
 def fast_on(device) -> bool:

@@ -5,7 +5,8 @@ kernel row one contiguous 64-byte load per pixel. The same integer sums as the s
 the autotuner keeps it only where it is faster.
 
 triton_int8_conv_s2d runs int8 layers, triton_fp8_conv_s2d fp8 e4m3 ones; triton_int8_conv_s2d_halo runs the
-4x1 conv through the halo-box conv (kernels/int8_conv_halo.py, Hopper), its rows by TMA from the overlapping view."""
+4x1 conv through the halo-box conv (kernels/int8_conv_halo.py, Hopper), its rows by TMA from the overlapping view.
+tactics/quant_conv.py registers all three."""
 
 from __future__ import annotations
 
@@ -15,16 +16,15 @@ from kiln.kinds.conv import resolve_pads
 from kiln.kinds.qtype import INT8
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
-from kiln.tactics.int8_common import (gluon_epilogue_kwargs, gluon_epilogue_reason, qtype_reason, register_qtypes,
-                                      tma_device_reason, triton_epilogue_kwargs)
-from kiln.tactics.registry import Tactic, register
+from kiln.tactics.int8_common import (gluon_epilogue_kwargs, gluon_epilogue_reason, qtype_reason, tma_device_reason,
+                                      triton_epilogue_kwargs)
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import mark_nhwc
 
 CHANNELS = 16  # S's channels: 4·C ≤ 16, and 16 bytes make a TMA row
 
 
-def _reason(spec: LayerSpec) -> str | None:
+def s2d_reason(spec: LayerSpec) -> str | None:
     a, w = spec.attrs, spec.inputs[1].const
     if spec.kind != "QuantConv" or w is None or w.dim() != 4:
         return "2-D convolutions only"
@@ -39,7 +39,7 @@ def _reason(spec: LayerSpec) -> str | None:
     return None
 
 
-def _configs(spec: LayerSpec, device, level: int):
+def conv_configs(spec: LayerSpec, device, level: int):
     out, (co, _, _, kw) = spec.outputs[0].shape, spec.inputs[1].const.shape
     m = out[0] * out[2] * out[3] if isinstance(out[0], int) else None
     row = (kw + 1) // 2 * CHANNELS  # the view's channels: one kernel row of S
@@ -59,7 +59,7 @@ def _rows_of(spec: LayerSpec):
     return int8_lowering.gemm_form(spec), packed, rows, k2
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_conv(spec: LayerSpec, config, device):
     a = spec.attrs
     form, packed, rows, k2 = _rows_of(spec)
     has_residual = int8_lowering.has_residual(spec)
@@ -72,33 +72,30 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register_qtypes("conv_s2d", ("QuantConv",), _compile, _configs, priority=14, layer_reason=_reason)
-
-
 def _halo_geometry(spec: LayerSpec) -> tuple[tuple[int, int], int]:
     """The halo conv's kernel over S's row view (KH rows of one tap) and the view's channels."""
     kh, kw = spec.inputs[1].const.shape[2:]
     return ((kh + 1) // 2, 1), (kw + 1) // 2 * CHANNELS
 
 
-def _halo_configs(spec: LayerSpec, device, level: int):
+def halo_configs(spec: LayerSpec, device, level: int):
     out, co = spec.outputs[0].shape, spec.inputs[1].const.shape[0]
     kernel, c = _halo_geometry(spec)
     return mark_nhwc(int8_conv_halo.configs(kernel, out[2], out[3], co, c, smem_limit(device),
                                             int8_lowering.has_residual(spec)))
 
 
-def _supports_halo(spec: LayerSpec, device) -> str | None:
+def supports_halo(spec: LayerSpec, device) -> str | None:
     if not int8_conv_halo.available():
         return int8_conv_halo.UNAVAILABLE
-    reason = _reason(spec) or qtype_reason(spec, device, INT8) or gluon_epilogue_reason(spec) or \
+    reason = s2d_reason(spec) or qtype_reason(spec, device, INT8) or gluon_epilogue_reason(spec) or \
         tma_device_reason(device)
-    if reason is None and not _halo_configs(spec, device, 3):
+    if reason is None and not halo_configs(spec, device, 3):
         return "no tile fits shared memory"
     return reason
 
 
-def _compile_halo(spec: LayerSpec, config, device):
+def compile_halo(spec: LayerSpec, config, device):
     a = spec.attrs
     form, packed, rows, _ = _rows_of(spec)
     has_residual = int8_lowering.has_residual(spec)
@@ -110,7 +107,3 @@ def _compile_halo(spec: LayerSpec, config, device):
                                       inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run
-
-
-register(Tactic("triton_int8_conv_s2d_halo", ("QuantConv",), _compile_halo, _supports_halo, _halo_configs,
-                priority=18, arch_specific=True, writes_out=True))

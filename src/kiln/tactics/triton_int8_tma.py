@@ -4,7 +4,8 @@ tensors TMA cannot address runs the pointer-fed kernel with the same tile). Stri
 TMA implicit-GEMM conv (kernels/int8_conv_tma.py: 4-D input boxes, TMA's zero fill as the padding).
 
 triton_int8_gemm_tma / triton_int8_conv_tma run int8 layers, triton_fp8_gemm_tma / triton_fp8_conv_tma fp8 e4m3
-ones; all are architecture-specific."""
+ones; all are architecture-specific. This module holds the TMA launchers; tactics/quant_gemm.py registers the GEMM
+tactics, tactics/quant_conv.py the conv ones."""
 
 from __future__ import annotations
 
@@ -13,17 +14,16 @@ from kiln.kernels.common import smem_limit
 from kiln.kinds.conv import resolve_pads
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
-from kiln.tactics.int8_common import (gemm_rows, mark_nhwc, nhwc, out_hw, register_qtypes, tma_conv_reason,
-                                      tma_device_reason, triton_epilogue_kwargs)
+from kiln.tactics.int8_common import gemm_rows, mark_nhwc, nhwc, out_hw, triton_epilogue_kwargs
 from kiln.tactics.spec import LayerSpec
 
 
-def _configs(spec: LayerSpec, device, level: int):
+def gemm_configs(spec: LayerSpec, device, level: int):
     w = spec.inputs[1].const
     return nhwc(spec, int8_gemm_tma.configs(gemm_rows(spec), w.shape[0], w[0].numel(), smem_limit(device)))
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_gemm(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     w = form.w  # [N, K], K contiguous: TMA's layout
     scale, bias = form.scale, form.bias
@@ -38,16 +38,12 @@ def _compile(spec: LayerSpec, config, device):
     return run
 
 
-register_qtypes("gemm_tma", ("QuantGemm", "QuantConv"), _compile, _configs, priority=19,
-                device_reason=tma_device_reason, arch_specific=True)
-
-
-def _conv_configs(spec: LayerSpec, device, level: int):
+def conv_configs(spec: LayerSpec, device, level: int):
     (oh, ow), (co, c) = out_hw(spec), spec.inputs[1].const.shape[:2]
     return mark_nhwc(int8_conv_tma.configs(oh, ow, co, c, smem_limit(device)))
 
 
-def _compile_conv(spec: LayerSpec, config, device):
+def compile_conv(spec: LayerSpec, config, device):
     a = spec.attrs
     form = int8_lowering.gemm_form(spec)
     w = int8_conv.pack_weight(spec.inputs[1].const)
@@ -64,7 +60,3 @@ def _compile_conv(spec: LayerSpec, config, device):
                                      inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run
-
-
-register_qtypes("conv_tma", ("QuantConv",), _compile_conv, _conv_configs, priority=19, layer_reason=tma_conv_reason,
-                device_reason=tma_device_reason, arch_specific=True)

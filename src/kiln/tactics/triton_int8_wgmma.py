@@ -5,7 +5,9 @@ strided convs through the stride-phase view), both in kernels/int8_gemm_wgmma.py
 QuantConv through the halo-box conv (kernels/int8_conv_halo.py, each input pixel read KW times from L2, not KH·KW),
 Hopper only: the layers whose epilogue they have (ReLU, erf GELU or none, int8 out, an int8 residual) and whose
 rows TMA can address (multiples of 16 channels). The autotuner times them against
-the Triton tactics, whose int8 dots Triton cannot keep in flight."""
+the Triton tactics, whose int8 dots Triton cannot keep in flight. This module holds the launchers:
+triton_int8_gemm_wgmma is registered by tactics/quant_gemm.py, triton_int8_conv_wgmma and triton_int8_conv_halo by
+tactics/quant_conv.py."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
 from kiln.tactics.int8_common import (gemm_rows, gluon_epilogue_kwargs, gluon_epilogue_reason, mark_nhwc, nhwc,
                                       out_hw, tma_conv_reason, tma_device_reason)
-from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 
 
@@ -31,12 +32,12 @@ def _gemm_reason(spec: LayerSpec) -> str | None:
     return None
 
 
-def _supports(spec: LayerSpec, device) -> str | None:
+def supports_gemm(spec: LayerSpec, device) -> str | None:
     return int8_lowering.supports(spec, INT8) or gluon_epilogue_reason(spec) or _gemm_reason(spec) or \
         tma_device_reason(device)
 
 
-def _configs(spec: LayerSpec, device, level: int):
+def gemm_configs(spec: LayerSpec, device, level: int):
     """The streaming kernel's tiles first where the reduction stays whole in shared memory, then the pipelined ones."""
     w, smem = spec.inputs[1].const, smem_limit(device)
     n, k = w.shape[0], w[0].numel()
@@ -44,7 +45,7 @@ def _configs(spec: LayerSpec, device, level: int):
                 + int8_gemm_wgmma.configs(gemm_rows(spec), n, k, smem))
 
 
-def _compile(spec: LayerSpec, config, device):
+def compile_gemm(spec: LayerSpec, config, device):
     form = int8_lowering.gemm_form(spec)
     a = spec.attrs
     has_residual = int8_lowering.has_residual(spec)
@@ -57,10 +58,6 @@ def _compile(spec: LayerSpec, config, device):
                                                  **kw), x)]
 
     return run
-
-
-register(Tactic("triton_int8_gemm_wgmma", ("QuantGemm", "QuantConv"), _compile, _supports, _configs, priority=18,
-                arch_specific=True, writes_out=True))
 
 
 def _strides(spec: LayerSpec) -> tuple[int, int]:
@@ -80,12 +77,12 @@ def _strided_reason(spec: LayerSpec) -> str | None:
     return None
 
 
-def _supports_conv(spec: LayerSpec, device) -> str | None:
+def supports_conv(spec: LayerSpec, device) -> str | None:
     reason = tma_conv_reason(spec) if _strides(spec) == (1, 1) else _strided_reason(spec)
     return int8_lowering.supports(spec, INT8) or gluon_epilogue_reason(spec) or reason or tma_device_reason(device)
 
 
-def _conv_configs(spec: LayerSpec, device, level: int):
+def conv_configs(spec: LayerSpec, device, level: int):
     """The kernel's tiles; a strided conv's only where BLOCK_K divides C (a phase's channels end at C)."""
     (oh, ow), (co, c) = out_hw(spec), spec.inputs[1].const.shape[:2]
     strided = _strides(spec) != (1, 1)
@@ -93,7 +90,7 @@ def _conv_configs(spec: LayerSpec, device, level: int):
                      if not (strided and c % cfg["BLOCK_K"]))
 
 
-def _compile_conv(spec: LayerSpec, config, device):
+def compile_conv(spec: LayerSpec, config, device):
     a, form = spec.attrs, int8_lowering.gemm_form(spec)
     w = int8_conv.pack_weight(spec.inputs[1].const)
     pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
@@ -111,10 +108,6 @@ def _compile_conv(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_int8_conv_wgmma", ("QuantConv",), _compile_conv, _supports_conv, _conv_configs, priority=18,
-                arch_specific=True, writes_out=True))
-
-
 def _halo_reason(spec: LayerSpec) -> str | None:
     a, w = spec.attrs, spec.inputs[1].const
     if spec.kind != "QuantConv" or w is None or w.dim() != 4:
@@ -127,23 +120,23 @@ def _halo_reason(spec: LayerSpec) -> str | None:
     return None
 
 
-def _supports_halo(spec: LayerSpec, device) -> str | None:
+def supports_halo(spec: LayerSpec, device) -> str | None:
     if not int8_conv_halo.available():
         return int8_conv_halo.UNAVAILABLE
     reason = int8_lowering.supports(spec, INT8) or gluon_epilogue_reason(spec) or _halo_reason(spec) or \
         tma_device_reason(device)
-    if reason is None and not _halo_configs(spec, device, 3):
+    if reason is None and not halo_configs(spec, device, 3):
         return "no tile fits: channels not multiples of 16, or the weight block too big for shared memory"
     return reason
 
 
-def _halo_configs(spec: LayerSpec, device, level: int):
+def halo_configs(spec: LayerSpec, device, level: int):
     (oh, ow), (co, c, kh, kw) = out_hw(spec), spec.inputs[1].const.shape
     return mark_nhwc(int8_conv_halo.configs((kh, kw), oh, ow, co, c, smem_limit(device),
                                             int8_lowering.has_residual(spec)))
 
 
-def _compile_halo(spec: LayerSpec, config, device):
+def compile_halo(spec: LayerSpec, config, device):
     a, form = spec.attrs, int8_lowering.gemm_form(spec)
     w = int8_conv.pack_weight(spec.inputs[1].const)
     pads = list(resolve_pads(tuple(spec.inputs[0].shape[2:]), a))
@@ -156,7 +149,3 @@ def _compile_halo(spec: LayerSpec, config, device):
                                       inputs[4] if has_residual else None, out=first(out), **kw)]
 
     return run
-
-
-register(Tactic("triton_int8_conv_halo", ("QuantConv",), _compile_halo, _supports_halo, _halo_configs, priority=18,
-                arch_specific=True, writes_out=True))
