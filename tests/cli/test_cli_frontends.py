@@ -8,20 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-from test_cli import assert_one_error_line, invoke, reference, tiny_model
-
-
-@pytest.fixture
-def model(tmp_path):
-    return tiny_model(tmp_path / "tiny.onnx")
-
-
-@pytest.fixture
-def plan(model, tmp_path):
-    out = tmp_path / "tiny.plan"
-    assert invoke("build", str(model), "-o", str(out), "--device", "cpu", "--shapes", "x:2x4").exit_code == 0
-    return out
+from test_cli import assert_one_error_line, invoke, model, plan, reference, tiny_model  # noqa: F401 (fixtures)
 
 
 def test_python_m_kiln_help_does_not_import_torch():
