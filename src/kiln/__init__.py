@@ -50,7 +50,9 @@ def build(model, config: BuildConfig | None = None, progress=None, calib_data=No
 def load(path, policy: str = "strict", *, verify_key=None, timing_cache=None) -> Engine:
     """Load a plan file. `policy`: 'strict' (refuse another GPU model or software versions, naming each
     difference), 'warn' (run, saying what differs) or 'retune' (re-tune for this device, using and filling
-    `timing_cache`). With `verify_key` (a PEM public key file), a plan without a valid signature is refused."""
+    `timing_cache`). With `verify_key` (a PEM public key file), a plan without a valid signature is refused. A plan
+    that uses plugin ops needs them registered first (import the plugin, or `kiln.plugins.load_plugin(file)`): kiln
+    never imports a module a plan names."""
     from kiln.runtime import Engine
 
     return Engine.load(path, policy, verify_key=verify_key, timing_cache=timing_cache)

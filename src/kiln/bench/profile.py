@@ -18,6 +18,7 @@ import torch
 from kiln.errors import ConfigError
 from kiln.kinds.interpret import to_device
 from kiln.runtime.io import as_torch
+from kiln.runtime.nvtx import ranged_kernels
 from kiln.util.timing import LAUNCH_COVER_CYCLES, clock as make_clock
 
 
@@ -80,33 +81,36 @@ class LayerProfile:
                 "separate_run": True, "layers": rows}
 
 
-def profile_layers(engine, feeds: Mapping[str, Any], iterations: int = 20, warmup: int = 2) -> LayerProfile:
+def profile_layers(engine, feeds: Mapping[str, Any], iterations: int = 20, warmup: int = 2,
+                   nvtx: bool = False) -> LayerProfile:
     """Time each of `engine`'s layer kernels over `iterations` passes (after `warmup` untimed ones) on `feeds`
-    (numpy, torch or DLPack tensors, as `ctx.run` takes)."""
+    (numpy, torch or DLPack tensors, as `ctx.run` takes); `nvtx`: each kernel call inside an NVTX range named after
+    its layer (kiln.runtime.nvtx)."""
     if iterations < 1:
         raise ConfigError(f"the profile needs at least 1 iteration, got {iterations}")
     dev = engine.device.torch_device
     inputs = {k: to_device(as_torch(k, v)[0], dev) for k, v in feeds.items()}
     # on CUDA the host launches each kernel while the GPU spins: device time only
     clock = make_clock(engine.device.backend, len(engine.kernels), LAUNCH_COVER_CYCLES)
+    kernels = ranged_kernels(engine) if nvtx else engine.kernels
     with torch.inference_mode():
         for _ in range(warmup):
-            _one_pass(engine, inputs, lambda step, kernel, args: kernel(args))
+            _one_pass(engine, kernels, inputs, lambda step, kernel, args: kernel(args))
         for _ in range(iterations):
-            _one_pass(engine, inputs, lambda step, kernel, args: clock.time(kernel, args, slot=step))
+            _one_pass(engine, kernels, inputs, lambda step, kernel, args: clock.time(kernel, args, slot=step))
     net = engine.network
     rows = tuple(LayerTime(layer.name, layer.kind, _precision(net, layer), engine.tactics[layer.name].tactic, ms)
                  for layer, ms in zip(net.layers, clock.results_ms()))
     return LayerProfile(rows, iterations, engine.device.name)
 
 
-def _one_pass(engine, inputs: dict[str, Any], call: Callable[[int, Callable, list], list]) -> None:
+def _one_pass(engine, kernels: list, inputs: dict[str, Any], call: Callable[[int, Callable, list], list]) -> None:
     """The executor's loop (kiln.kinds.interpret.run_layers) with each kernel call going through `call`."""
     values: dict[str, Any] = dict(engine.weights)
     values.update(inputs)
     release = engine.memory_plan.release
     for step, layer in enumerate(engine.network.layers):
-        outs = call(step, engine.kernels[step], [values[n] if n else None for n in layer.inputs])
+        outs = call(step, kernels[step], [values[n] if n else None for n in layer.inputs])
         for name, value in zip(layer.outputs, outs):
             if name:
                 values[name] = value

@@ -31,6 +31,7 @@ class BenchResult:
     eager_reasons: dict[str, str] = field(default_factory=dict)
     clocks: dict | None = None
     launch_gaps_hidden: bool = False
+    nvtx: bool = False
 
     @property
     def is_cuda(self) -> bool:
@@ -97,6 +98,10 @@ class BenchResult:
             if self.launch_gaps_hidden:
                 out.append("GPU phases are timed with the GPU kept busy (a short spin kernel) while the host "
                            "enqueues each query: they are the GPU's work, without waits for the host")
+        if self.nvtx:
+            out.append("--nvtx: each layer is an NVTX range; the layers ran eagerly, without CUDA graph replay, so "
+                       "latency includes their launches" if self.is_cuda else
+                       "--nvtx has no effect on the CPU backend (no CUDA)")
         out += [f"CUDA graph not used for inputs {sig}: {why}" for sig, why in self.eager_reasons.items()]
         return out
 

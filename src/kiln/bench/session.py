@@ -37,6 +37,7 @@ class BenchOptions:
     spin_wait: bool = False
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     hide_launch_gaps: bool = True        # keep the GPU busy while the host enqueues, so events time GPU work only
+    nvtx: bool = False                   # an NVTX range per layer (CUDA; layers run eagerly, no graph replay)
 
     def checked(self) -> "BenchOptions":
         """The options with the default stopping rule filled in; a bad value is a ConfigError."""
@@ -66,8 +67,9 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
     if not opts.data_transfers:
         dev = engine.device.torch_device
         feeds = {k: to_device(as_torch(k, v)[0], dev) for k, v in feeds.items()}
-    contexts = [ExecutionContext(engine, cuda_graph=opts.cuda_graph) for _ in range(opts.streams)]
     cuda = engine.device.backend == "cuda"
+    contexts = [ExecutionContext(engine, cuda_graph=opts.cuda_graph, nvtx=opts.nvtx and cuda)
+                for _ in range(opts.streams)]
     cycles_per_ms = sleep_cycles_per_ms() if cuda and opts.hide_launch_gaps else None
     clock = _Clock(opts.duration)
     barrier = threading.Barrier(opts.streams, action=clock.start)
@@ -117,4 +119,5 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
     return BenchResult(every, max(ends) - clock.origin, batch, engine.device.torch_device, opts.warmup,
                        opts.streams, cuda_graph=any(c.graphs is not None and c.graphs.runs for c in contexts),
                        data_transfers=opts.data_transfers, spin_wait=opts.spin_wait, percentiles=opts.percentiles,
-                       eager_reasons=eager, clocks=clocks, launch_gaps_hidden=cycles_per_ms is not None)
+                       eager_reasons=eager, clocks=clocks, launch_gaps_hidden=cycles_per_ms is not None,
+                       nvtx=opts.nvtx)

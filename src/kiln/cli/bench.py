@@ -17,6 +17,8 @@ from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Cal
                               Fp8, Fp16, HardwareCompatOption, InputFiles, Int8, Json, KeepIoPrecision, LayerPrecision,
                               MaxShapes, MemoryPool, MinShapes, ModelPath, OptLevel, OptShapes, Policy, Seed, Shapes,
                               Tf32, TimingCache, Validation, Verbose, VerifyKey, parse_shapes)
+from kiln.cli.options import Nvtx
+from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, key_values, print_json, status, stdout
 from kiln.cli.profile import PROFILE, ExportProfile, export_profile, print_profile
 from kiln.errors import ConfigError
@@ -144,12 +146,15 @@ def bench(
     calib_percentile: CalibPercentile = 99.99,
     accuracy: Accuracy = None,
     validation: Validation = None,
+    nvtx: Nvtx = False,
     force: Force = False,
+    plugin: Plugin = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Time an engine on given or random inputs: latency, its phases, throughput; warnings when the numbers
     mislead. An .onnx model is built first, with the build flags `kiln build` takes."""
+    load_plugins(plugin)
     from kiln.bench.plot import plot_bench
     from kiln.bench.profile import profile_layers
     from kiln.bench.session import BenchOptions, run_bench
@@ -160,7 +165,7 @@ def bench(
     if batch is not None and batch < 1:
         raise ConfigError(f"--batch must be at least 1, got {batch}")
     options = BenchOptions(iterations, duration, warmup, streams, cuda_graph, not no_data_transfers, spin_wait,
-                           parse_percentiles(percentiles)).checked()
+                           parse_percentiles(percentiles), nvtx=nvtx).checked()
     check_outputs(export_times, export, plot, force)
     flags = dict(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes,
                  max_shapes=max_shapes, timing_cache=timing_cache, opt_level=opt_level,
@@ -176,7 +181,7 @@ def bench(
     if dump_profile or export or separate_profile_run:
         status("profiling each layer (a separate run) ...")
         layers = profile_layers(engine, on_device(feeds, engine.device.torch_device),
-                                iterations=min(result.count, 100))
+                                iterations=min(result.count, 100), nvtx=nvtx and engine.device.backend == "cuda")
         if export:
             export_profile(layers, export, force)
     if export_times:

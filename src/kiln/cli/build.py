@@ -13,6 +13,7 @@ from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Cal
                               Fp8, Fp16, HardwareCompatOption, Int8, Json, KeepIoPrecision, LayerPrecision, MaxShapes,
                               MemoryPool, MinShapes, OptLevel, OptShapes, Shapes, SignKey, Tf32, TimingCache,
                               Validation, Verbose, parse_memory_pools, parse_shapes)
+from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
 from kiln.errors import ConfigError, InternalError
@@ -164,10 +165,12 @@ def build(
     validation: Validation = None,
     sign_key: SignKey = None,
     force: Force = False,
+    plugin: Plugin = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Build an engine from an ONNX model and save it as a plan file."""
+    load_plugins(plugin)
     from kiln.engine.plan import KIND
     from kiln.engine.signing import load_private_key
 

@@ -15,6 +15,7 @@ from kiln.cli.build import parse_layer_precisions
 from kiln.cli.errors import command
 from kiln.cli.inputs import load_inputs, load_plan, random_feeds, safe_stem
 from kiln.cli.options import Device, Force, Json, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
+from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, build_progress, print_json, status, stdout
 from kiln.errors import ConfigError, InputError, ModelError
 from kiln.util import files
@@ -214,11 +215,13 @@ def compare(
     policy: Policy = "strict",
     verify_key: VerifyKey = None,
     force: Force = False,
+    plugin: Plugin = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> bool:
     """Run kiln and a reference (ONNX Runtime, another plan, or saved outputs) on the same inputs and compare
     outputs; exit 1 when any is beyond tolerance."""
+    load_plugins(plugin)
     from kiln.accuracy.compare import compare_engine, compare_outputs
     from kiln.accuracy.metrics import parse_tolerance
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from kiln.cli.errors import command, one_line
 from kiln.cli.options import Json, Verbose, is_onnx
+from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.errors import ConfigError, UnsupportedOpError
 from kiln.util.safe_json import printable
@@ -88,7 +89,7 @@ def _size_breakdown(path: Path, tensors: dict[str, torch.Tensor]) -> dict:
 def describe_plan(path: Path, header_only: bool) -> dict:
     """The header alone (payload untouched), or everything the plan records."""
     from kiln.engine import plan
-    from kiln.engine.serialize import network_from_json
+    from kiln.engine.serialize import check_plugins, network_from_json
     from kiln.kinds import quantized
     from kiln.quant.report import layer_precisions, size_breakdown
 
@@ -96,6 +97,8 @@ def describe_plan(path: Path, header_only: bool) -> dict:
     if header_only:
         return {"file": str(path), "header": header}
     p = plan.read(path)
+    for warning in check_plugins(p.manifest.get("plugins"), str(path)):  # never imports what the plan names
+        typer.echo(f"warning: {one_line(warning)}", err=True)
     net = network_from_json(p.manifest.get("network"), p.tensors)
     tactics = p.manifest.get("tactics") if isinstance(p.manifest.get("tactics"), dict) else {}
     layers = [_layer(net, k, layer, tactics.get(layer.name) if isinstance(tactics.get(layer.name), dict) else {})
@@ -313,10 +316,12 @@ def inspect(
     path: Annotated[Path, typer.Argument(help="A plan file or an .onnx model.", show_default=False)],
     header: Annotated[bool, typer.Option("--header", help="Print only a plan's header, without reading the rest."
                                          )] = False,
+    plugin: Plugin = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Show what a plan holds (header, layers, memory) or which ops an ONNX model uses and whether kiln has them."""
+    load_plugins(plugin)
     if is_onnx(path):
         if header:
             raise ConfigError("--header applies to plan files; an .onnx model has no kiln header")

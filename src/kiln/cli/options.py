@@ -32,6 +32,17 @@ Force = Annotated[bool, typer.Option(
     "--force", help="Replace existing output files that kiln did not write (without it kiln replaces only its own "
                     "files of the same kind, and refuses links, devices and pipes always).")]
 
+Nvtx = Annotated[bool, typer.Option(
+    "--nvtx", help="Wrap each layer's launch in an NVTX range named kiln:LAYER (KIND), for Nsight Systems (nsys "
+                   "profile). NVTX ranges are recorded at launch, so the layers then run eagerly, without CUDA graph "
+                   "replay. No effect on the CPU backend.")]
+Plugin = Annotated[Optional[list[str]], typer.Option(
+    "--plugin", help="A Python file (my_ops.py) or module that registers custom ops with kiln.plugins.register_op, "
+                     "imported before the command runs; repeatable. A plan records the plugin ops it uses and the "
+                     "module each came from (name, file name, sha256), but kiln never imports what a plan names: "
+                     "to load such a plan, pass the same --plugin again (another sha256 than the recorded one is "
+                     "a warning).")]
+
 _DIMS = re.compile(r"^\d+(x\d+)*$")
 
 
@@ -52,6 +63,22 @@ def parse_shapes(specs: list[str] | None, option: str = "--shapes") -> dict[str,
                                   "give the real size of the input")
     return shapes
 
+
+def nvtx_on(nvtx: bool, engine) -> bool:
+    """--nvtx for `engine`: as given on CUDA; on the CPU backend False, after a one-line note on stderr."""
+    if nvtx and engine.device.backend != "cuda":
+        typer.echo("note: --nvtx has no effect on the CPU backend (no CUDA)", err=True)
+        return False
+    return nvtx
+
+
+def load_plugins(specs: list[str] | None) -> None:
+    """Import each --plugin (a file or module registering ops through kiln.plugins); a bad one is a ConfigError."""
+    if specs:
+        from kiln.plugins import load_plugin
+
+        for spec in specs:
+            load_plugin(spec)
 
 def is_onnx(path: Path) -> bool:
     return path.suffix.lower() == ".onnx"

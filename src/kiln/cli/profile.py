@@ -13,6 +13,8 @@ from kiln.cli.errors import command
 from kiln.cli.inputs import engine_and_feeds
 from kiln.cli.options import (Device, Force, InputFiles, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey,
                               parse_shapes)
+from kiln.cli.options import Nvtx, nvtx_on
+from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, print_json, status, stdout
 from kiln.util import files
 
@@ -64,11 +66,14 @@ def profile(
     device: Device = "auto",
     policy: Policy = "strict",
     verify_key: VerifyKey = None,
+    nvtx: Nvtx = False,
     force: Force = False,
+    plugin: Plugin = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Time each layer's kernel on given or random inputs: mean/median per layer, slowest first."""
+    load_plugins(plugin)
     from kiln.bench.profile import profile_layers
     from kiln.cli.inputs import on_device
 
@@ -78,7 +83,7 @@ def profile(
     engine, feeds, _ = engine_and_feeds(model, inputs, shape_map, None, device, policy, verify_key, seed, {})
     feeds = on_device(feeds, engine.device.torch_device)
     status(f"profiling {model.name} on {engine.device.name} ...")
-    result = profile_layers(engine, feeds, iterations, warmup)
+    result = profile_layers(engine, feeds, iterations, warmup, nvtx=nvtx_on(nvtx, engine))
     if export:
         export_profile(result, export, force)
     if as_json:

@@ -11,6 +11,8 @@ from rich.table import Table
 from kiln.cli.errors import command
 from kiln.cli.inputs import load_inputs, open_engine, output_paths, random_feeds, save_outputs
 from kiln.cli.options import Device, Force, Json, ModelPath, Policy, Seed, Shapes, Verbose, VerifyKey, parse_shapes
+from kiln.cli.options import Nvtx, nvtx_on
+from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, print_json, stdout
 
 if TYPE_CHECKING:
@@ -44,16 +46,19 @@ def run(
     device: Device = "auto",
     policy: Policy = "strict",
     verify_key: VerifyKey = None,
+    nvtx: Nvtx = False,
     force: Force = False,
+    plugin: Plugin = None,
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
     """Run an engine once on the given (or random) inputs and summarize its outputs."""
+    load_plugins(plugin)
     shape_map = parse_shapes(shapes)
     engine = open_engine(model, shape_map, device, policy, verify_key)
     feeds = load_inputs(inputs, engine) if inputs else random_feeds(engine, shape_map, seed)
     paths = output_paths([t.name for t in engine.outputs], output_dir, force) if output_dir else None
-    outputs = engine.create_context().run(feeds)
+    outputs = engine.create_context(nvtx=nvtx_on(nvtx, engine)).run(feeds)
     files = save_outputs(outputs, paths, force) if paths else {}
     rows = {name: dict(describe(value), file=str(files[name]) if name in files else None)
             for name, value in outputs.items()}

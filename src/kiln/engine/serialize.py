@@ -7,6 +7,7 @@ String constants (numpy object arrays) are stored in the manifest as JSON lists.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,73 @@ def network_from_json(m: dict, tensors: dict[str, torch.Tensor]) -> Network:
         raise PlanError(f"plan stores tensors its manifest never names ({printable(sorted(set(tensors) - used)[:3])}"
                         "...); rebuild the plan")
     return net
+
+
+PLUGIN_KEYS = {"kind", "module", "file", "sha256"}
+
+
+def plugins_to_json(net: Network) -> list[dict[str, str]]:
+    """The plugin ops `net` (its control-flow bodies too) uses, each with the module that registered it (name, file
+    name, source sha256): recorded in the plan as data, never imported on load."""
+    from kiln.kinds import KINDS
+
+    found: dict[str, dict[str, str]] = {}
+
+    def walk(n: Network) -> None:
+        for layer in n.layers:
+            k = KINDS.get(layer.kind)
+            if k is not None and k.plugin is not None:
+                found[layer.kind] = {"kind": layer.kind, **{key: str(k.plugin.get(key, "")) for key in
+                                                            ("module", "file", "sha256")}}
+            for v in layer.attrs.values():
+                for x in v if isinstance(v, (list, tuple)) else [v]:
+                    if isinstance(x, Network):
+                        walk(x)
+
+    walk(net)
+    return [found[k] for k in sorted(found)]
+
+
+def check_plugins(records: Any, source: str) -> list[str]:
+    """Check a plan's plugin records (its manifest's "plugins") against the ops registered in this process: an op
+    not registered is a PlanError naming it and the module the plan was built with (kiln never imports it: plans are
+    data); returns a warning for each module registered here from another source (sha256) than the plan's."""
+    from kiln.kinds import KINDS
+
+    if records is None:
+        return []
+    if not isinstance(records, list) or not all(isinstance(r, dict) and set(r) == PLUGIN_KEYS
+                                                and all(isinstance(v, str) for v in r.values()) for r in records):
+        raise PlanError(f"{source}: the manifest's plugin list is malformed; rebuild the plan")
+    missing: dict[tuple[str, str, str], list[str]] = {}
+    warnings: list[str] = []
+    for r in records:
+        k = KINDS.get(r["kind"])
+        if k is None:
+            missing.setdefault((r["module"], r["file"], r["sha256"]), []).append(_op_name(r["kind"]))
+        elif k.plugin is not None and r["sha256"] and k.plugin.get("sha256") != r["sha256"]:
+            here = k.plugin
+            warning = (f"{source} was built with plugin {printable(r['file'] or r['module'])} (sha256 "
+                       f"{printable(r['sha256'][:16], quote=False)}...), but its op {_op_name(r['kind'])} is "
+                       f"registered here from {printable(here.get('file') or here.get('module'))} (sha256 "
+                       f"{printable(str(here.get('sha256'))[:16], quote=False)}...), another source; running with it")
+            if warning not in warnings:
+                warnings.append(warning)
+    if missing:
+        parts = []
+        for (module, file, sha), ops in missing.items():
+            ref = shlex.quote(file or module)
+            parts.append(f"{', '.join(ops)} (from plugin module {printable(module)}, file {printable(file)}, sha256 "
+                         f"{printable(sha[:16], quote=False)}...): pass `--plugin {printable(ref, quote=False)}` "
+                         "to the kiln command (in Python: import that module before kiln.load)")
+        raise PlanError(f"{source} uses plugin ops not registered in this process: {'; '.join(parts)}. kiln never "
+                        "imports a module a plan names (plans are data), so the plugin must be given explicitly")
+    return warnings
+
+
+def _op_name(kind: str) -> str:
+    domain, _, op = kind.rpartition("::")
+    return f"{printable(op)} (domain {printable(domain)})" if domain else printable(op)
 
 
 _NETWORK_KEYS = {"name", "inputs", "outputs", "tensors", "constants", "strings", "layers"}

@@ -74,7 +74,9 @@ NETWORK = AttrSpec("a network", _network)
 @dataclass(frozen=True)
 class LayerKind:
     """A layer kind: its name, the function that defines its semantics, whether it is pure, and the
-    attributes it takes (name → AttrSpec; None, for plugin ops only: any).
+    attributes it takes (name → AttrSpec; None, for plugin ops only: any). A plugin op's kind also says where it
+    came from (`plugin`: the registering module's "module" and "file" names and its source's "sha256"), which a plan
+    records as data.
 
     A pure kind's outputs depend only on its inputs and attributes, so constant folding may run it
     at build time; random kinds are not pure.
@@ -84,6 +86,7 @@ class LayerKind:
     reference: Reference
     pure: bool = True
     attrs: Mapping[str, AttrSpec] | None = None
+    plugin: Mapping[str, str] | None = None
 
 
 KINDS: dict[str, LayerKind] = {}

@@ -20,6 +20,7 @@ from kiln.kinds.interpret import first_line, run_layers, to_device, to_host
 from kiln.runtime.arena import Arena
 from kiln.runtime.cuda_graph import GraphCache
 from kiln.runtime.io import as_torch, check_feeds, check_indices, fetch, index_bounds, upload
+from kiln.runtime.nvtx import ranged_kernels
 from kiln.tactics.registry import Kernel, reference_kernel
 from kiln.tactics.spec import layer_spec
 
@@ -51,14 +52,21 @@ def _feed_element(t: Tensor, value: Any) -> tuple[Any, bool]:
 
 
 class ExecutionContext:
-    """Holds per-run state; the engine's weights are shared between contexts."""
+    """Holds per-run state; the engine's weights are shared between contexts.
 
-    def __init__(self, engine, cuda_graph: bool | None = None):
+    `nvtx=True` wraps each layer's launch in an NVTX range named `kiln:<layer name> (<kind>)` for Nsight Systems;
+    NVTX ranges are recorded at launch, so the layers then run eagerly, without CUDA graph replay.
+    """
+
+    def __init__(self, engine, cuda_graph: bool | None = None, nvtx: bool = False):
         self.engine = engine
         cuda = engine.device.backend == "cuda"
         use_graph = engine.config.cuda_graph if cuda_graph is None else cuda_graph
         self.stream = torch.cuda.Stream() if cuda else None
-        self.graphs = GraphCache(self.stream) if cuda and use_graph else None
+        # NVTX ranges are recorded at launch, never by a graph replay: with them the layers run eagerly
+        self.graphs = GraphCache(self.stream) if cuda and use_graph and not nvtx else None
+        self.nvtx = nvtx
+        self._ranged = ranged_kernels(engine) if nvtx else None  # no per-layer wrapper unless asked for
         self.arena = Arena(engine)
         self.index_bounds = index_bounds(engine.network)
 
@@ -153,7 +161,8 @@ class ExecutionContext:
         values.update(inputs)
         buffers = None if keep else self.arena.buffers  # kept intermediates outlive their arena places
         with torch.inference_mode():
-            run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, self.engine.kernels,
+            kernels = self.engine.kernels if self._ranged is None else self._ranged
+            run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, kernels,
                        buffers, self._fallback)
         # layout layers may leave an output as a view (strided, or aliasing another value, arena memory included):
         # hand back dense tensors of their own

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from kiln.builder.build import Progress, build as build_pipeline
 from kiln.config import BuildConfig
 from kiln.engine import compat, plan, signing
 from kiln.engine.retune import retune
-from kiln.engine.serialize import network_from_json, network_to_json
+from kiln.engine.serialize import check_plugins, network_from_json, network_to_json, plugins_to_json
 from kiln.errors import KilnError, PlanError
 from kiln.ir import Network
 from kiln.kinds.interpret import to_device
@@ -92,8 +93,10 @@ class Engine:
     def outputs(self):
         return [self.network.tensors[n] for n in self.network.outputs]
 
-    def create_context(self) -> ExecutionContext:
-        return ExecutionContext(self)
+    def create_context(self, *, nvtx: bool = False) -> ExecutionContext:
+        """A new execution context; `nvtx=True`: each layer's launch is an NVTX range named after the layer, for
+        Nsight Systems, and the layers run eagerly (ranges are recorded at launch, never by a CUDA graph replay)."""
+        return ExecutionContext(self, nvtx=nvtx)
 
     def run(self, feeds):
         """One-off convenience: a fresh context's run."""
@@ -112,7 +115,8 @@ class Engine:
         """The plan file's bytes; `sign_key` (a PEM path or Ed25519 private key) signs it."""
         manifest, tensors = network_to_json(self.network)
         config = self.config.to_json()
-        manifest = {"network": manifest, "config": config, "build": self.build_info,
+        manifest = {"network": manifest, "plugins": plugins_to_json(self.network), "config": config,
+                    "build": self.build_info,
                     "memory": self.memory_plan.to_json(),
                     "tactics": {name: c.to_json() for name, c in self.tactics.items()}}
         header = {"device": self.tuned_for, "source_sha256": self.source_sha256,
@@ -144,6 +148,8 @@ class Engine:
         device = report.device
         try:
             m = p.manifest
+            for warning in check_plugins(m.get("plugins"), str(path)):  # never imports what the plan names
+                warnings.warn(warning, compat.CompatibilityWarning, stacklevel=2)
             network = network_from_json(m["network"], p.tensors)
             config = BuildConfig.from_json(m["config"])
             build_info = dict(m.get("build") or {})
