@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kiln.cli import bench, build, compare, conformance, debug, demo, inspect, keygen, profile, retune, run
+from kiln.cli import bench, build, compare, conformance, debug, demo, inspect, keygen, profile, retune, run, serve
 from kiln.version import __version__
 
 app = typer.Typer(name="kiln", help="kiln: ONNX models in, fast device-tuned engines out.", no_args_is_help=True,
@@ -22,6 +22,7 @@ app.add_typer(debug.app, name="debug")
 app.command("profile")(profile.profile)
 app.command("retune")(retune.retune)
 app.command("keygen")(keygen.keygen)
+app.command("serve")(serve.serve)
 
 
 def _print_version(value: bool) -> None:

@@ -1,0 +1,161 @@
+"""`kiln serve MODEL_REPOSITORY`: a KServe v2 / Triton-compatible inference server (HTTP and gRPC in one loop)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kiln.cli.errors import command
+from kiln.cli.options import Device, Policy, Verbose
+
+GRACE_S = 30.0
+
+
+def _port(flag: str, what: str):
+    return Annotated[int, typer.Option(flag, min=-1, max=65535,
+                                       help=f"{what} port (0: a free one, said on stderr; -1: off).")]
+
+
+HttpPort = _port("--http-port", "HTTP (KServe v2 REST)")
+GrpcPort = _port("--grpc-port", "gRPC (KServe v2)")
+MetricsPort = _port("--metrics-port", "Prometheus metrics (GET /metrics; the HTTP port serves it too)")
+
+
+@command
+def serve(
+    repository: Annotated[Path, typer.Argument(help="Model repository: MODEL/config.toml (optional) and "
+                                                    "MODEL/VERSION/model.plan or model.onnx.", show_default=False)],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")]
+    = "127.0.0.1",
+    http_port: HttpPort = 8000,
+    grpc_port: GrpcPort = 8001,
+    metrics_port: MetricsPort = 8002,
+    device: Device = "auto",
+    policy: Policy = "strict",
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1,
+                                                help="Largest HTTP request body (and gRPC message) accepted.")]
+    = 64 << 20,
+    verbose: Verbose = False,
+) -> None:
+    """Serve every model of MODEL_REPOSITORY over the KServe v2 protocol (tritonclient works as is) until SIGINT or
+    SIGTERM, which stop new requests and let those in flight finish."""
+    import asyncio
+
+    from kiln.errors import ConfigError
+
+    if not repository.is_dir():
+        raise ConfigError(f"model repository {repository} is not a folder")
+    if http_port < 0 and grpc_port < 0:
+        raise ConfigError("--http-port -1 and --grpc-port -1 leave nothing to serve")
+    asyncio.run(_serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes))
+
+
+def _listen(host: str, port: int):
+    """A bound, listening socket (port 0: a free one)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+async def _maybe_await(value):
+    import inspect
+
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, device: str, policy: str,
+                 max_body_bytes: int) -> None:
+    import asyncio
+    import contextlib
+    import signal
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    from kiln.serve.http import create_app
+    from kiln.serve.metrics import Metrics
+    from kiln.serve.repository import ModelRepository
+
+    class Server(uvicorn.Server):
+        def capture_signals(self):  # the loop below owns SIGINT / SIGTERM
+            return contextlib.nullcontext()
+
+    def say(message: str) -> None:
+        typer.echo(f"kiln serve: {message}", err=True)
+
+    metrics = Metrics()
+    repo = ModelRepository(root, device=device, policy=policy, metrics=metrics)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    servers, sockets, grpc_server = [], [], None
+    try:
+        await _maybe_await(repo.start(load_all=True))
+        for m in repo.index():
+            state = m.get("state")
+            reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
+            say(f"model {m.get('name')} version {m.get('version')}: {state}{reason}")
+        apps = []
+        if http_port >= 0:
+            apps.append(("HTTP", create_app(repo, max_body_bytes=max_body_bytes, metrics=metrics), http_port))
+        if metrics_port >= 0:
+            metrics_app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+            metrics_app.add_api_route("/metrics", lambda: Response(metrics.render(), media_type=metrics.content_type),
+                                      methods=["GET"])
+            apps.append(("metrics", metrics_app, metrics_port))
+        for what, app, port in apps:
+            sock = _listen(host, port)
+            sockets.append(sock)
+            config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                                    timeout_graceful_shutdown=GRACE_S)
+            servers.append(Server(config))
+            say(f"{what} on http://{_url(host, sock.getsockname()[1])}")
+        if grpc_port >= 0:
+            try:
+                from kiln.serve.grpc_server import create_grpc_server
+            except ImportError as e:
+                say(f"gRPC off: {e}")
+            else:
+                grpc_server = create_grpc_server(repo, host, grpc_port, max_message_bytes=max_body_bytes)
+                await grpc_server.start()
+                say(f"gRPC on {_url(host, grpc_server.kiln_port)}")
+        tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        say("shutting down: finishing the requests in flight")
+        for s in servers:
+            s.should_exit = True
+        stopping.cancel()
+        if grpc_server is not None:
+            await grpc_server.stop(GRACE_S)
+            grpc_server = None
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t  # re-raises a server's own failure
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(0)
+        for sock in sockets:
+            sock.close()
+        await _maybe_await(repo.close())
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    say("stopped")

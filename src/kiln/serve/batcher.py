@@ -1,0 +1,259 @@
+"""The dynamic batcher: queues requests, merges those of equal non-batch dims, runs them on worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotReady, QueueFull, RequestTimeout, ServeError
+
+
+@dataclass
+class BatchRecord:
+    """What one executed batch reports: rows, request count, engine time, each request's queue wait, success."""
+
+    rows: int
+    requests: int
+    compute_ns: int
+    queue_ns: list[int]
+    ok: bool
+
+
+@dataclass(eq=False)
+class Request:
+    """One queued request: its inputs, row count (batch dim), merge key and the future that answers it."""
+
+    inputs: dict[str, np.ndarray]
+    rows: int
+    key: tuple
+    future: asyncio.Future
+    enqueued_ns: int = field(default_factory=time.perf_counter_ns)
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class _LoopState:
+    """The queue and worker tasks of the event loop the batcher serves (rebuilt if another loop calls)."""
+
+    loop: asyncio.AbstractEventLoop
+    cond: asyncio.Condition = field(default_factory=asyncio.Condition)
+    pending: deque = field(default_factory=deque)
+    workers: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class DynamicBatcher:
+    """Merges queued requests up to `max_batch_size` rows (0: never merges) and runs them on `instance_count`
+    execution contexts, each used by one engine call at a time on a worker thread."""
+
+    engine: object
+    max_batch_size: int = 0
+    preferred_batch_size: list[int] = field(default_factory=list)
+    max_queue_delay_s: float = 0.0
+    max_queue_size: int = 0
+    reject_status: int = 503
+    instance_count: int = 1
+    on_batch: Callable[[BatchRecord], None] | None = None
+    name: str = "model"
+
+    def __post_init__(self):
+        self._contexts: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(self.instance_count):
+            self._contexts.put(self.engine.create_context())
+        self._executor = ThreadPoolExecutor(self.instance_count, thread_name_prefix=f"kiln-serve-{self.name}")
+        self._state: _LoopState | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in the queue now."""
+        return 0 if self._state is None else len(self._state.pending)
+
+    async def submit(self, inputs: dict[str, np.ndarray], rows: int, timeout_s: float | None = None) -> dict:
+        """Queue one request (inputs already validated) and wait for exactly its rows of every output."""
+        if self._closed:
+            raise ModelNotReady(f"model {self.name!r} is unloading; no new requests are accepted")
+        state = self._bind()
+        if self.max_queue_size and len(state.pending) >= self.max_queue_size:
+            raise QueueFull(f"model {self.name!r}: the queue is full ({self.max_queue_size} requests waiting); "
+                            "retry later", http_status=self.reject_status)
+        key = tuple(sorted((k, v.dtype.str, v.shape[1:] if self.max_batch_size else v.shape)
+                           for k, v in inputs.items()))
+        req = Request(inputs, rows, key, state.loop.create_future())
+        if timeout_s:
+            req.timer = state.loop.call_later(timeout_s, self._expire, state, req, timeout_s)
+        req.future.add_done_callback(lambda _f: self._forget(state, req))
+        state.pending.append(req)
+        async with state.cond:
+            state.cond.notify_all()
+        return await req.future
+
+    async def close(self) -> None:
+        """Stop accepting requests, finish every queued one, then stop the workers and their threads."""
+        self._closed = True
+        state = self._state
+        if state is not None and state.loop is asyncio.get_running_loop():
+            async with state.cond:
+                state.cond.notify_all()
+            await asyncio.gather(*state.workers, return_exceptions=True)
+        self._executor.shutdown(wait=False)
+
+    def close_soon(self) -> asyncio.Future | None:
+        """Start `close()` from sync code: on the batcher's loop if it runs, else at once (nothing can be queued)."""
+        self._closed = True
+        state = self._state
+        if state is None or state.loop.is_closed() or not state.loop.is_running():
+            self._executor.shutdown(wait=False)
+            return None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is state.loop:
+            return asyncio.ensure_future(self.close())
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), state.loop)) if running else None
+
+    def _bind(self) -> _LoopState:
+        """The state for the running loop, with `instance_count` workers started on first use."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._state is None or self._state.loop is not loop:
+                self._state = _LoopState(loop)
+                self._state.workers = [loop.create_task(self._worker(self._state), name=f"kiln-batcher-{self.name}")
+                                       for _ in range(self.instance_count)]
+            return self._state
+
+    def _expire(self, state: _LoopState, req: Request, timeout_s: float) -> None:
+        """Answer a request still queued at its deadline with RequestTimeout."""
+        if not req.future.done() and req in state.pending:
+            req.future.set_exception(RequestTimeout(
+                f"model {self.name!r}: the request waited {timeout_s * 1e3:.0f} ms in the queue without running"))
+
+    @staticmethod
+    def _forget(state: _LoopState, req: Request) -> None:
+        """Drop a finished (answered, timed-out or cancelled) request from the queue."""
+        if req.timer is not None:
+            req.timer.cancel()
+        try:
+            state.pending.remove(req)
+        except ValueError:
+            pass
+
+    async def _worker(self, state: _LoopState) -> None:
+        """Form batches and run them until the batcher closes and its queue is empty."""
+        while True:
+            async with state.cond:
+                await state.cond.wait_for(lambda: state.pending or self._closed)
+                if not state.pending:
+                    return
+                batch = await self._form(state)
+            if batch:
+                await self._run(state, batch)
+
+    async def _form(self, state: _LoopState) -> list[Request]:
+        """Take the next batch: the oldest request and compatible ones, waiting up to max_queue_delay for more."""
+        while state.pending:
+            head = state.pending[0]
+            group = self._compatible(state, head)
+            rows = sum(r.rows for r in group)
+            full = rows >= self.max_batch_size or (self.preferred_batch_size and rows >= max(self.preferred_batch_size))
+            left = head.enqueued_ns / 1e9 + self.max_queue_delay_s - time.perf_counter_ns() / 1e9
+            if self.max_batch_size == 0 or full or left <= 0 or self._closed:
+                group = self._preferred(group)
+                for r in group:
+                    state.pending.remove(r)
+                return group
+            try:
+                await asyncio.wait_for(state.cond.wait(), left)
+            except TimeoutError:
+                pass
+        return []
+
+    def _compatible(self, state: _LoopState, head: Request) -> list[Request]:
+        """The head and, in arrival order, queued requests with its key that fit within max_batch_size."""
+        if self.max_batch_size == 0:
+            return [head]
+        group, rows = [], 0
+        for r in state.pending:
+            if r.key == head.key and rows + r.rows <= self.max_batch_size:
+                group.append(r)
+                rows += r.rows
+        return group
+
+    def _preferred(self, group: list[Request]) -> list[Request]:
+        """The longest arrival-order prefix of `group` whose rows are a preferred size (all of it if none is)."""
+        if not self.preferred_batch_size:
+            return group
+        rows, best = 0, None
+        for i, r in enumerate(group):
+            rows += r.rows
+            if rows in self.preferred_batch_size:
+                best = i + 1
+        return group if best is None else group[:best]
+
+    async def _run(self, state: _LoopState, batch: list[Request]) -> None:
+        """Run one batch on a worker thread and answer each request with its own rows (or the batch's error)."""
+        live = [r for r in batch if not r.future.done()]
+        if not live:
+            return
+        start = time.perf_counter_ns()
+        queue_ns = [start - r.enqueued_ns for r in live]
+        try:
+            feeds = {k: (np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k])
+                     for k in live[0].inputs}
+            outputs = await state.loop.run_in_executor(self._executor, self._execute, feeds)
+            rows = sum(r.rows for r in live)
+            answers = self._split(live, outputs, rows) if self.max_batch_size else [outputs]
+        except Exception as e:  # every request of the batch gets exactly one answer
+            self._report(BatchRecord(sum(r.rows for r in live), len(live), time.perf_counter_ns() - start,
+                                     queue_ns, False))
+            err = e if isinstance(e, ServeError) else _engine_error(self.name, e)
+            for r in live:
+                if not r.future.done():
+                    r.future.set_exception(err)
+            return
+        self._report(BatchRecord(rows, len(live), time.perf_counter_ns() - start, queue_ns, True))
+        for r, answer in zip(live, answers):
+            if not r.future.done():
+                r.future.set_result(answer)
+
+    def _execute(self, feeds: dict) -> dict:
+        """On a worker thread: run the engine on a free execution context."""
+        ctx = self._contexts.get()
+        try:
+            return ctx.run(feeds)
+        finally:
+            self._contexts.put(ctx)
+
+    def _split(self, live: list[Request], outputs: dict, rows: int) -> list[dict]:
+        """Each request's rows of every output."""
+        for k, v in outputs.items():
+            if np.ndim(v) == 0 or v.shape[0] != rows:
+                raise InferenceFailed(f"model {self.name!r}: output {k!r} of shape {np.shape(v)} has no batch dim of "
+                                      f"{rows}; set max_batch_size = 0 for this model")
+        answers, at = [], 0
+        for r in live:
+            answers.append({k: np.ascontiguousarray(v[at:at + r.rows]) for k, v in outputs.items()})
+            at += r.rows
+        return answers
+
+    def _report(self, record: BatchRecord) -> None:
+        if self.on_batch is not None:
+            self.on_batch(record)
+
+
+def _engine_error(model: str, e: Exception) -> ServeError:
+    """A ServeError for an engine failure: the caller's inputs (KilnError) → BadRequest, else InferenceFailed."""
+    if isinstance(e, KilnError):
+        return BadRequest(f"model {model!r}: {e}")
+    return InferenceFailed(f"model {model!r}: inference failed: {type(e).__name__}: {e}")

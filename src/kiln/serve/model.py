@@ -1,0 +1,155 @@
+"""One loaded model: validates requests, queues them into its batcher, keeps Triton-style statistics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.serve.batcher import BatchRecord, DynamicBatcher
+from kiln.serve.config import ModelConfig
+from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY
+from kiln.serve.errors import BadRequest, ServeError
+from kiln.serve.metrics import Metrics
+
+
+@dataclass
+class Duration:
+    """A count and total nanoseconds, as Triton's statistics report them."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class Stats:
+    """Per-model counters: requests (success / fail / queue / compute) and per-batch-size compute."""
+
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    batches: dict[int, Duration] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """A model version ready to serve: `.name`, `.version`, `.config`, `infer`, `metadata`, `statistics`."""
+
+    name: str
+    version: str
+    config: ModelConfig
+    engine: object
+    metrics: Metrics = field(default_factory=Metrics)
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self):
+        cfg, db = self.config, self.config.dynamic_batching
+        self.batcher = DynamicBatcher(
+            self.engine, max_batch_size=cfg.max_batch_size or 0 if db is not None else 0,
+            preferred_batch_size=list(db.preferred_batch_size) if db else [],
+            max_queue_delay_s=db.max_queue_delay_microseconds / 1e6 if db else 0.0,
+            max_queue_size=db.max_queue_size if db else 0, reject_status=db.reject_status if db else 503,
+            instance_count=cfg.instance_count, on_batch=self._on_batch, name=self.name)
+        self._default_timeout_s = db.default_timeout_microseconds / 1e6 if db else 0.0
+
+    def metadata(self) -> dict:
+        """KServe v2 model metadata; shapes carry -1 for the batch dim of a batched model."""
+        batch = [-1] if self.config.max_batch_size else []
+        return {"name": self.name, "versions": [self.version], "platform": self.config.platform,
+                "inputs": [{"name": t.name, "datatype": t.data_type, "shape": batch + list(t.dims)}
+                           for t in self.config.input],
+                "outputs": [{"name": t.name, "datatype": t.data_type, "shape": batch + list(t.dims)}
+                            for t in self.config.output]}
+
+    async def infer(self, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
+                    timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """Run one request: validated, queued, batched; returns this request's `requested` outputs (None: all)."""
+        start = time.perf_counter_ns()
+        try:
+            rows = self._validate(inputs, requested)
+            timeout = timeout_s if timeout_s is not None else self._default_timeout_s
+            outputs = await self.batcher.submit(dict(inputs), rows, timeout or None)
+            result = {k: outputs[k] for k in (requested if requested is not None else outputs)}
+        except ServeError as e:
+            self._finish(start, type(e).__name__, ok=False)
+            raise
+        except BaseException:  # cancelled (client gone) or a bug: still counted once
+            self._finish(start, "Cancelled", ok=False)
+            raise
+        self._finish(start, "success", ok=True)
+        return result
+
+    def statistics(self) -> dict:
+        """This model's entry of Triton's statistics JSON."""
+        s, zero = self.stats, Duration().to_json()
+        return {"name": self.name, "version": self.version, "last_inference": s.last_inference_ms,
+                "inference_count": s.inference_count, "execution_count": s.execution_count,
+                "inference_stats": {"success": s.success.to_json(), "fail": s.fail.to_json(),
+                                    "queue": s.queue.to_json(), "compute_input": zero,
+                                    "compute_infer": s.compute_infer.to_json(), "compute_output": zero,
+                                    "cache_hit": zero, "cache_miss": zero},
+                "batch_stats": [{"batch_size": size, "compute_input": zero, "compute_infer": d.to_json(),
+                                 "compute_output": zero} for size, d in sorted(s.batches.items())]}
+
+    def _validate(self, inputs: dict[str, np.ndarray], requested: list[str] | None) -> int:
+        """BadRequest naming the first wrong input or output; the request's batch size (1 for unbatched)."""
+        cfg = self.config
+        expected = {t.name: t for t in cfg.input}
+        if unknown := sorted(set(inputs) - set(expected)):
+            raise BadRequest(f"unknown input {unknown[0]!r} for model {self.name!r}; its inputs are {sorted(expected)}")
+        if missing := sorted(set(expected) - set(inputs)):
+            raise BadRequest(f"model {self.name!r}: missing input {missing[0]!r}; its inputs are {sorted(expected)}")
+        outs = {t.name for t in cfg.output}
+        if requested is not None and (bad := [r for r in requested if r not in outs]):
+            raise BadRequest(f"unknown output {bad[0]!r} for model {self.name!r}; its outputs are {sorted(outs)}")
+        batch = set()
+        for name, t in expected.items():
+            a = inputs[name]
+            if not isinstance(a, np.ndarray):
+                raise BadRequest(f"input {name!r} must be a numpy array, got {type(a).__name__}")
+            want = V2_TO_NUMPY[t.data_type]
+            if a.dtype != want:
+                got = NUMPY_TO_V2.get(a.dtype, str(a.dtype))
+                raise BadRequest(f"input {name!r}: datatype {got} does not match the model's {t.data_type}")
+            dims = ([-1] if cfg.max_batch_size else []) + list(t.dims)
+            if a.ndim != len(dims) or any(d != -1 and d != s for d, s in zip(dims, a.shape)):
+                raise BadRequest(f"input {name!r}: shape {list(a.shape)} does not match the model's {dims} "
+                                 "(-1 = any size)")
+            if cfg.max_batch_size:
+                batch.add(a.shape[0])
+        if len(batch) > 1:
+            raise BadRequest(f"model {self.name!r}: inputs have different batch sizes {sorted(batch)}")
+        rows = batch.pop() if batch else 1
+        if cfg.max_batch_size and not 1 <= rows <= cfg.max_batch_size:
+            raise BadRequest(f"model {self.name!r}: batch size {rows} must be between 1 and max_batch_size "
+                             f"{cfg.max_batch_size}")
+        return rows
+
+    def _on_batch(self, rec: BatchRecord) -> None:
+        """Record one executed batch in the statistics and metrics."""
+        s = self.stats
+        s.execution_count += 1
+        s.queue.add(sum(rec.queue_ns), rec.requests)
+        s.compute_infer.add(rec.compute_ns * rec.requests, rec.requests)
+        s.batches.setdefault(rec.rows, Duration()).add(rec.compute_ns)
+        if rec.ok:
+            s.inference_count += rec.rows
+        self.metrics.batch(self.name, rec.rows, rec.compute_ns / 1e9, [q / 1e9 for q in rec.queue_ns])
+
+    def _finish(self, start_ns: int, status: str, ok: bool) -> None:
+        """Count one finished request (success or failure) in the statistics and metrics."""
+        (self.stats.success if ok else self.stats.fail).add(time.perf_counter_ns() - start_ns)
+        self.stats.last_inference_ms = int(time.time() * 1000)
+        self.metrics.request(self.name, self.version, status)
