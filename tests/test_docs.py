@@ -48,10 +48,11 @@ def test_api_reference_is_up_to_date():
 
 
 def test_guide_marks_and_languages():
-    """Every block is python, shell or a plain one (not run), and every not-run marker sits on a block."""
+    """Every block is python, shell or a data one (plain, text, toml: not run), and every not-run marker sits on a
+    block."""
     text = GUIDE.read_text()
     found = blocks(text)
-    assert {lang for lang, *_ in found} <= {"python", "shell", ""}
+    assert {lang for lang, *_ in found} <= {"python", "shell", "", "text", "toml"}
     assert len(re.findall(r"^<!-- not-run:", text, re.MULTILINE)) == sum(skip for *_, skip, _ in found)
     assert any(lang == "python" and not skip for lang, _, skip, _ in found)
 
