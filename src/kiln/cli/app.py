@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from kiln.cli import bench, build, compare, conformance, debug, demo, inspect, keygen, profile, retune, run, serve
+from kiln.cli import (bench, build, compare, conformance, debug, demo, inspect, keygen, loadgen, profile, retune, run,
+                      serve)
 from kiln.version import __version__
 
 app = typer.Typer(name="kiln", help="kiln: ONNX models in, fast device-tuned engines out.", no_args_is_help=True,
@@ -23,6 +24,7 @@ app.command("profile")(profile.profile)
 app.command("retune")(retune.retune)
 app.command("keygen")(keygen.keygen)
 app.command("serve")(serve.serve)
+app.command("loadgen")(loadgen.loadgen)
 
 
 def _print_version(value: bool) -> None:
