@@ -46,8 +46,9 @@ def main() -> None:
     engine = kiln.build(str(root / "softmax" / "1" / "model.onnx"), kiln.BuildConfig(device=args.device))
     ctx = engine.create_context()
     rows = {"engine alone": median_ms(lambda: ctx.run({"logits": x}), args.requests)}
-    proc = subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(root), "--http-port", "18431", "--grpc-port",
-                             "18432", "--metrics-port", "-1", "--device", args.device], stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "kiln", "serve", str(root), "--http-port", "18431", "--grpc-port", "18432",
+               "--metrics-port", "-1", "--device", args.device]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         while "gRPC on" not in proc.stderr.readline():
             pass
