@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_http import _wait_ready
+from test_http import _wait_ready, stop
 
 from kiln.cli.loadgen import check_url, run_load
 
@@ -47,13 +46,7 @@ def server(tmp_path_factory):
         grpc_url = next(line.split("gRPC on ")[1].strip() for line in log.read_text().splitlines() if "gRPC on" in line)
         yield url, grpc_url, proc, log
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
 
 
 def _post(url: str, model: str, x: np.ndarray, timeout: float = 30) -> tuple[int, dict]:
