@@ -121,7 +121,8 @@ class DynamicBatcher:
             running = None
         if running is state.loop:
             return asyncio.ensure_future(self.close())
-        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.close(), state.loop)) if running else None
+        closing = asyncio.run_coroutine_threadsafe(self.close(), state.loop)  # from another thread (a load in a worker)
+        return asyncio.wrap_future(closing) if running else None
 
     def _bind(self) -> _LoopState:
         """The state for the running loop, with `instance_count` workers started on first use."""

@@ -7,6 +7,7 @@ pure functions (`parse_infer_request`, `encode_infer_response`) so they can be t
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
@@ -377,7 +378,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
             raise BadRequest("loading with a config or files override is not supported; edit the repository")
         if name not in repo.names():
             raise ModelNotFound(f"no model '{name}' in the repository")
-        await _maybe_await(repo.load(name))
+        await _maybe_await(await asyncio.to_thread(repo.load, name))  # a build must not stall serving
         return Response(status_code=200)
 
     @app.post("/v2/repository/models/{name}/unload")
