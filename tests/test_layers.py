@@ -76,11 +76,6 @@ def test_config_sits_on_the_lowest_layers():
     assert not above, "config imports from above the lowest layers:\n" + "\n".join(above)
 
 
-def test_no_module_imports_anothers_private_names():
-    _, private, _ = check(SRC)
-    assert not private, "private names imported across modules (promote what is shared):\n" + "\n".join(private)
-
-
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         path = tmp_path / "kiln" / rel

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from test_layers import _tree
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -76,14 +78,6 @@ def violations(root: Path) -> list[str]:
 def test_no_module_uses_anothers_private_names():
     found = violations(SRC)
     assert not found, "private names used across modules (make the shared helper public):\n" + "\n".join(found)
-
-
-def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = tmp_path / "kiln" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return tmp_path
 
 
 def test_the_check_catches_private_imports_and_uses(tmp_path):
