@@ -130,9 +130,12 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
 
 
-def onnx_file(spec: Spec, made: Made, size: int, cache: Path) -> tuple[Path, bool]:
-    """The model's ONNX export in `cache` (dynamic batch, opset 18), made on first use; (path, was it cached)."""
-    path = cache / f"{spec.name}-{size}-{_slug(made.source)}-v{VERSION}.onnx"
+def onnx_file(spec: Spec, made: Made, size: int, cache: Path, dynamic_seq: bool = False) -> tuple[Path, bool]:
+    """The model's ONNX export in `cache` (dynamic batch, opset 18), made on first use; (path, was it cached).
+
+    `dynamic_seq`: a text model's sequence axis is dynamic too (traced at `size`; a file of its own)."""
+    dynamic_seq = dynamic_seq and spec.task == "text"
+    path = cache / f"{spec.name}-{size}{'-dynseq' if dynamic_seq else ''}-{_slug(made.source)}-v{VERSION}.onnx"
     if path.is_file():
         return path, True
     cache.mkdir(parents=True, exist_ok=True)
@@ -141,6 +144,8 @@ def onnx_file(spec: Spec, made: Made, size: int, cache: Path) -> tuple[Path, boo
         example["attention_mask"][1, size // 2:] = 0
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     axes = {n: {0: "batch"} for n in spec.input_names + spec.output_names}
+    if dynamic_seq:  # every input and last_hidden_state are [batch, seq, ...]; pooler_output is [batch, hidden]
+        axes |= {n: {0: "batch", 1: "seq"} for n in [*spec.input_names, spec.output_names[0]]}
     export(made.module, tuple(example.values()), tmp, dynamo=False, input_names=spec.input_names,
            output_names=spec.output_names, dynamic_axes=axes, opset=OPSET)
     os.replace(tmp, path)

@@ -17,13 +17,20 @@ OPT_IN = ("max-autotune",)  # minutes of compiling per model and batch: only for
 def prepare(module: torch.nn.Module, inputs: dict[str, torch.Tensor], precision: str, device: str,
             channels_last: bool) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     """A copy of the model and the inputs in `precision` on `device` (float tensors cast; CNNs channels_last)."""
-    dtype = DTYPES[precision]
-    model = copy.deepcopy(module).to(device=device, dtype=dtype).eval()
-    args = [v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device) for v in inputs.values()]
+    model = copy.deepcopy(module).to(device=device, dtype=DTYPES[precision]).eval()
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    return model, cast_inputs(inputs, precision, device, channels_last)
+
+
+def cast_inputs(inputs: dict[str, torch.Tensor], precision: str, device: str,
+                channels_last: bool) -> list[torch.Tensor]:
+    """The inputs as `prepare` gives them to a peer: float tensors in `precision`, images channels_last."""
+    dtype = DTYPES[precision]
+    args = [v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device) for v in inputs.values()]
+    if channels_last:
         args = [a.contiguous(memory_format=torch.channels_last) if a.dim() == 4 else a for a in args]
-    return model, args
+    return args
 
 
 def runner(peer: str, model: torch.nn.Module, args: list[torch.Tensor]) -> tuple[Callable[[], object], float]:

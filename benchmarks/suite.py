@@ -279,18 +279,23 @@ def versions() -> dict:
     return v
 
 
-def new_results(args, argv: list[str]) -> dict:
-    device = detect(args.device)
+def device_info(backend: str) -> dict:
+    """The device a results file is for: backend, name, and the slug its file name carries."""
+    device = detect(backend)
     slug = re.sub(r"[^a-z0-9]+", "-", device.name.lower()).strip("-")
+    return {"backend": device.backend, "name": device.name,
+            "slug": slug if device.backend == "cuda" else f"cpu-{slug}"}
+
+
+def new_results(args, argv: list[str]) -> dict:
     now = datetime.now(timezone.utc)
     run = {"started": now.isoformat(timespec="seconds"), "argv": argv, "budget_seconds": args.budget_seconds,
            "settings": {**TIMING[args.quick], "cudnn_benchmark": True, "peer_setup": "model and float inputs cast "
                         "to the precision; CNNs channels_last; torch.no_grad; fresh torch.compile per row"},
            "matmul_flops_per_s": {}, "budget_exhausted": False, "skipped_rows": 0,
            "skipped_peers": 0}
-    return {"device": {"backend": device.backend, "name": device.name,
-                       "slug": slug if device.backend == "cuda" else f"cpu-{slug}"},
-            "date": now.date().isoformat(), "versions": versions(), "runs": [run], "models": {}, "rows": []}
+    return {"device": device_info(args.device), "date": now.date().isoformat(), "versions": versions(),
+            "runs": [run], "models": {}, "rows": []}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -114,3 +114,44 @@ def test_a_layer_whose_unread_output_has_no_shape_is_checked_and_timed(monkeypat
     choice = Autotuner(FakeCuda(), 0, False, None).choose(unread)
     assert choice.tactic == "right"
     assert any(label.startswith("wrong_when_rows_over_4") and "wrong result" in why for label, why in choice.rejected)
+
+
+def test_a_candidate_failing_at_the_max_shapes_is_rejected_with_the_shape(monkeypatch):
+    """Right at opt (4 rows), wrong at the profile's max (8 rows): rejected, the reason naming the shape."""
+    layer, spec = _specs()
+    monkeypatch.setattr(registry, "candidates", lambda s, d: ([BAD, GOOD], []))
+    at = lambda rows: at_shapes(spec, layer, {"x": (rows, 40), "y": (rows, 24)})  # noqa: E731
+    checks = [("profile 0 min shapes (x 1x40)", at(1)), ("profile 0 max shapes (x 8x40)", at(8))]
+    choice = Autotuner(FakeCuda(), 0, False, None).choose(spec, at(4), checks)
+    assert choice.tactic == "right"
+    label, why = choice.rejected[0]
+    assert label == "wrong_when_rows_over_4" and why.startswith("fails at profile 0 max shapes (x 8x40): wrong result")
+    assert Autotuner(FakeCuda(), 0, False, None).choose(spec, at(4), checks[:1]).tactic == "wrong_when_rows_over_4"
+
+
+def test_each_profile_is_tuned_at_its_own_shapes_and_static_layers_once(monkeypatch):
+    """Two profiles (1..4 rows, 4..16 rows): the symbolic MatMul gets a Choice per profile, checked over each range."""
+    import importlib
+
+    import kiln
+    from kiln.builder.autotune import tune_profiles
+    from kiln.kinds.interpret import to_device
+
+    build = importlib.import_module("kiln.builder.build")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 40])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 24])],
+                              [onnx.numpy_helper.from_array(W.numpy(), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    net = import_onnx(load_onnx(model.SerializeToString(), ModelLimits()).proto)
+    config = kiln.BuildConfig(profiles=({"x": ((1, 40), (2, 40), (4, 40))}, {"x": ((4, 40), (8, 40), (16, 40))}))
+    shapes = build.profile_tensor_shapes(net, config, FakeCuda())
+    assert [s["max"]["y"] for s in shapes] == [(4, 24), (16, 24)]
+    monkeypatch.setattr(registry, "candidates", lambda s, d: ([BAD, GOOD], []))
+    weights = {k: to_device(v, "cpu") for k, v in net.constants.items()}
+    per_profile = tune_profiles(net, weights, FakeCuda(), 0, False, None, lambda *a: None, None, shapes)
+    name = net.layers[0].name
+    assert [p[name].tactic for p in per_profile] == ["wrong_when_rows_over_4", "right"]
+    assert "fails at profile 1" not in str(per_profile[1][name].rejected)  # it failed at opt already
+    assert build.profile_tensor_shapes(net, config, SimpleNamespace(backend="cpu")) == [
+        {"min": None, "opt": None, "max": None}] * 2

@@ -141,20 +141,24 @@ class Autotuner:
         self.by_layout: dict[str, dict[str, tuple[float, str, dict]]] = {}  # layer → layout → best timing
         self.layout: str | None = None
 
-    def choose_layout(self, choices: dict[str, Choice]) -> None:
+    def choose_layout(self, choices: dict[str, Choice], only: set[str] | None = None) -> None:
         """One memory layout for every layer that can run either: the one with the lower summed time, so
-        activations are not reformatted between neighbours (each NHWC layer was timed on NHWC inputs)."""
-        both = {n: t for n, t in self.by_layout.items() if {"nchw", "nhwc"} <= set(t)}
+        activations are not reformatted between neighbours (each NHWC layer was timed on NHWC inputs). `only`:
+        re-decide just these layers (another profile's symbolic ones), in the layout chosen before if any."""
+        both = {n: t for n, t in self.by_layout.items() if {"nchw", "nhwc"} <= set(t) and (only is None or n in only)}
         if not both:
             return
-        self.layout = min(("nchw", "nhwc"), key=lambda lay: sum(t[lay][0] for t in both.values()))
+        if only is None or self.layout is None:
+            self.layout = min(("nchw", "nhwc"), key=lambda lay: sum(t[lay][0] for t in both.values()))
         for name, timings in both.items():
             us, tactic, config = timings[self.layout]
             choices[name] = Choice(tactic, config, us, "timed", choices[name].rejected, choices[name].timed)
 
-    def choose(self, spec: LayerSpec, tuning: LayerSpec | None = None) -> Choice:
+    def choose(self, spec: LayerSpec, tuning: LayerSpec | None = None,
+               checks: list[tuple[str, LayerSpec | None]] = ()) -> Choice:
         """The tactic for `spec`. A layer with symbolic shapes is checked and timed on `tuning`, the same layer
-        at the profile's opt shapes, among the tactics that take its symbolic shapes (TensorRT tunes at opt)."""
+        at the profile's opt shapes, among the tactics that take its symbolic shapes (TensorRT tunes at opt), and
+        checked, not timed, on each of `checks` ((what, the layer at the profile's min or max shapes))."""
         cands, refused = registry.candidates(spec, self.device)
         fast = [t for t in cands if t.name != registry.REFERENCE]
         if not fast:
@@ -168,41 +172,61 @@ class Autotuner:
                 for v in spec.inputs if v is not None and v.dtype is not None):
             t = fast[0]  # no representative data to time or check with: priority decides
             return Choice(t.name, t.configs(spec, self.device, self.level)[0], None, "heuristic", refused)
+        probes = [] if spec is timed_spec else [
+            (what, c) for what, c in checks if c is not None and c.static and c.signature() != timed_spec.signature()]
         sig = spec.signature() if spec is timed_spec else f"{spec.signature()}@{timed_spec.signature()}"
+        sig += "".join(f"|{c.signature()}" for _, c in probes)  # checked there too: another range, another answer
         if self.cache is not None and self.level > 0:
             hit = self.cache.get(self.env, sig)
             if hit is not None and hit.tactic in {t.name for t in cands}:
                 return Choice(hit.tactic, hit.config, hit.microseconds, "cache", refused)
-        choice = self._measure(timed_spec, cands, refused)
+        choice = self._measure(timed_spec, cands, refused, probes)
         if self.cache is not None and self.level > 0:
             self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
         return choice
 
-    def _measure(self, spec: LayerSpec, cands, refused) -> Choice:
-        dev = self.device.torch_device
+    def _reference(self, spec: LayerSpec) -> tuple[list, list, bool, torch.Tensor | None]:
+        """(random inputs, the reference's outputs on them, whether the layer is fp8, its fp8 slack) for `spec`."""
+        inputs = [_random_input(v, self.device.torch_device) for v in spec.inputs]
+        want = used_outputs(spec, registry.reference_kernel(spec)(inputs))
+        fp8 = spec.kind in QUANTIZED and qtypes.of(spec.attrs) is qtypes.FP8
+        return inputs, want, fp8, fp8_slack(spec, inputs) if fp8 else None
+
+    def _check(self, tactic, config: dict, spec: LayerSpec, reference: tuple) -> tuple[Any, list, str | None]:
+        """(kernel, its inputs, None or why it fails): `tactic` with `config` compiled for `spec` and compared
+        with the reference's outputs (within the workspace limit, if any)."""
+        inputs, want, fp8, slack = reference
+        args, kernel = _in_layout(inputs, spec, config), None
+        try:
+            kernel = tactic.compile(spec, config, self.device)
+            why = _close(kernel(args), want, self.tf32, spec.kind in QUANTIZED, fp8, slack,
+                         spec.attrs.get("q_scale") is not None)
+            if not why and self.workspace is not None:
+                need = workspace_bytes(kernel, args)
+                if need > self.workspace:
+                    why = (f"needs {need} bytes of workspace, over the limit of {self.workspace} "
+                           "(--memory-pool workspace=)")
+        except torch.cuda.OutOfMemoryError:
+            why = "out of memory"
+        except Exception as e:  # a candidate's failure is data, never fatal
+            why = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+        return kernel, args, why
+
+    def _measure(self, spec: LayerSpec, cands, refused, probes: list[tuple[str, LayerSpec]] = ()) -> Choice:
+        """Check every candidate config at `spec` (and at each of `probes`), time those that pass at `spec`."""
         with torch.no_grad():
-            inputs = [_random_input(v, dev) for v in spec.inputs]
-            want = used_outputs(spec, registry.reference_kernel(spec)(inputs))
-            fp8 = spec.kind in QUANTIZED and qtypes.of(spec.attrs) is qtypes.FP8
-            slack = fp8_slack(spec, inputs) if fp8 else None
+            reference = self._reference(spec)
+            others = [(what, probe, self._reference(probe)) for what, probe in probes]
             rejected, timed = list(refused), []
             for tactic in cands:
                 for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]:
                     label = f"{tactic.name}{config or ''}"
-                    args = _in_layout(inputs, spec, config)
-                    try:
-                        kernel = tactic.compile(spec, config, self.device)
-                        why = _close(kernel(args), want, self.tf32, spec.kind in QUANTIZED, fp8, slack,
-                                     spec.attrs.get("q_scale") is not None)
-                        if not why and self.workspace is not None:
-                            need = workspace_bytes(kernel, args)
-                            if need > self.workspace:
-                                why = (f"needs {need} bytes of workspace, over the limit of {self.workspace} "
-                                       "(--memory-pool workspace=)")
-                    except torch.cuda.OutOfMemoryError:
-                        why = "out of memory"
-                    except Exception as e:  # a candidate's failure is data, never fatal
-                        why = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+                    kernel, args, why = self._check(tactic, config, spec, reference)
+                    for what, probe, ref in others if not why else ():
+                        why = self._check(tactic, config, probe, ref)[2]
+                        if why:
+                            why = f"fails at {what}: {why}"[:300]
+                            break
                     if why:
                         rejected.append((label, why))
                         continue
@@ -239,21 +263,55 @@ def at_shapes(spec: LayerSpec, layer, shapes: dict[str, tuple] | None) -> LayerS
     return replace(spec, inputs=tuple(ins), outputs=tuple(outs), _sig=[])
 
 
+def _shapes_label(layer, spec: LayerSpec | None) -> str:
+    """The layer's activation inputs at `spec`'s shapes, e.g. "x 16x40, mask 16x40"."""
+    if spec is None:
+        return ""
+    return ", ".join(f"{n} {'x'.join(map(str, v.shape))}" for n, v in zip(layer.inputs, spec.inputs)
+                     if v is not None and v.const is None and v.shape is not None)
+
+
 def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
          cache: TimingCache | None, progress: Callable[[str, int, int], None],
          workspace: int | None = None, tuning_shapes: dict[str, tuple] | None = None) -> dict[str, Choice]:
     """A Choice for every layer of `net` (the reference everywhere on the CPU); layers with symbolic shapes are
     timed at `tuning_shapes` (every tensor's shape at the profile's opt input shapes) where given."""
+    return tune_profiles(net, weights, device, opt_level, tf32, cache, progress, workspace,
+                         [{"opt": tuning_shapes}])[0]
+
+
+def tune_profiles(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
+                  cache: TimingCache | None, progress: Callable[[str, int, int], None], workspace: int | None = None,
+                  profile_shapes: list[dict[str, dict[str, tuple] | None]] = ()) -> list[dict[str, Choice]]:
+    """A {layer: Choice} per profile (one at least). `profile_shapes`: per profile, every tensor's shape at its
+    "min", "opt" and "max" input shapes. Static layers are tuned once, the same Choice in every profile; symbolic
+    ones per profile, timed at its opt shapes and checked at its min and max shapes too."""
+    profiles = list(profile_shapes) or [{}]
     if device.backend != "cuda":
-        return {layer.name: Choice(registry.REFERENCE) for layer in net.layers}
+        return [{layer.name: Choice(registry.REFERENCE) for layer in net.layers} for _ in profiles]
     tuner = Autotuner(device, opt_level, tf32, cache, workspace)
-    choices = {}
+    specs = [layer_spec(net, layer, weights, tf32) for layer in net.layers]
+    symbolic = {layer.name for layer, spec in zip(net.layers, specs) if not spec.static}
+    total, out = len(net.layers) * len(profiles), []
     started = time.perf_counter()
-    for i, layer in enumerate(net.layers):
-        progress("tune", i, len(net.layers))
-        spec = layer_spec(net, layer, weights, tf32)
-        choices[layer.name] = tuner.choose(spec, None if spec.static else at_shapes(spec, layer, tuning_shapes))
-    progress("tune", len(net.layers), len(net.layers))
-    tuner.choose_layout(choices)
+    for k, shapes in enumerate(profiles):
+        choices = {}
+        for name in symbolic:  # layout timings are per profile for symbolic layers
+            tuner.by_layout.pop(name, None)
+        for i, (layer, spec) in enumerate(zip(net.layers, specs)):
+            progress("tune", k * len(net.layers) + i, total)
+            if spec.static and out:
+                choices[layer.name] = out[0][layer.name]
+                continue
+            if spec.static:
+                choices[layer.name] = tuner.choose(spec)
+                continue
+            at = {which: at_shapes(spec, layer, shapes.get(which)) for which in ("opt", "min", "max")}
+            checks = [(f"profile {k} {which} shapes ({_shapes_label(layer, at[which])})", at[which])
+                      for which in ("min", "max")]
+            choices[layer.name] = tuner.choose(spec, at["opt"], checks)
+        tuner.choose_layout(choices, None if k == 0 else symbolic)
+        out.append(choices)
+    progress("tune", total, total)
     tuner.seconds = time.perf_counter() - started
-    return choices
+    return out

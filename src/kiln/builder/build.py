@@ -14,9 +14,9 @@ from typing import Any, Callable
 import onnx
 import torch
 
-from kiln.builder.autotune import tune
+from kiln.builder.autotune import tune, tune_profiles
 from kiln.target.device import Device, detect
-from kiln.builder.specialize import needs_specialization, observe_shapes, specialize_shapes
+from kiln.builder.specialize import needs_specialization, observe_shapes, refine_shapes, specialize_shapes
 from kiln.builder.timing_cache import TimingCache
 from kiln.config import BuildConfig
 from kiln.errors import ConfigError, ResourceLimitError
@@ -41,7 +41,7 @@ from kiln.tactics import triton_int8_chain, triton_int8_pair
 from kiln.target.hardware_compat import HardwareCompat
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-# (network, config, device, *, source_sha256=, build_info=, tactics=) → the engine (kiln.runtime.Engine)
+# (network, config, device, *, source_sha256=, build_info=, tactics=, profile_tactics=) → kiln.runtime.Engine
 EngineFactory = Callable[..., Any]
 
 STAGES = ("load", "import", "optimize", "specialize", "precision", "tune", "plan")
@@ -112,14 +112,36 @@ def pass_target(config: BuildConfig, device: Device) -> BuildTarget:
 def opt_tensor_shapes(net: Network, config: BuildConfig, device: Device) -> dict[str, tuple] | None:
     """For a GPU build with symbolic shapes: every tensor's shape when the inputs take the first profile's opt
     shapes, so that the autotuner checks and times those layers there; None when there is nothing to observe."""
+    return tensor_shapes_at(net, config, device, 0, "opt")
+
+
+def tensor_shapes_at(net: Network, config: BuildConfig, device: Device, profile: int = 0, which: str = "opt",
+                     seen: dict | None = None) -> dict[str, tuple] | None:
+    """Every tensor's shape when the inputs take profile `profile`'s `which` ("min", "opt" or "max") shapes, for a
+    GPU build with symbolic shapes; None when there is nothing to observe. `seen` memoizes by input shapes."""
     if device.backend != "cuda" or all(net.tensors[n].is_static for n in net.inputs) or not config.profiles:
         return None
     inputs = [net.tensors[n] for n in net.inputs]
-    opt = {t.name: (t.shape if t.is_static else config.profiles[0][t.name].opt) for t in inputs
-           if t.is_static or t.name in config.profiles[0]}
-    if len(opt) < len(inputs) or any(getattr(t, "kind", "tensor") != "tensor" for t in inputs):
+    p = config.profiles[profile]
+    at = {t.name: (t.shape if t.is_static else getattr(p[t.name], which)) for t in inputs
+          if t.is_static or t.name in p}
+    if len(at) < len(inputs) or any(getattr(t, "kind", "tensor") != "tensor" for t in inputs):
         return None
-    return observe_shapes(net, device.torch_device, opt)
+    key = tuple(sorted(at.items()))
+    if seen is None or key not in seen:
+        observed = observe_shapes(net, device.torch_device, at)
+        if seen is None:
+            return observed
+        seen[key] = observed
+    return seen[key]
+
+
+def profile_tensor_shapes(net: Network, config: BuildConfig, device: Device) -> list[dict[str, dict | None]]:
+    """Per profile (one at least), every tensor's shape at its "min", "opt" and "max" input shapes (None where
+    there is nothing to observe: a CPU build, static inputs), for `tune_profiles`."""
+    seen: dict = {}
+    return [{which: tensor_shapes_at(net, config, device, k, which, seen) for which in ("min", "opt", "max")}
+            for k in range(len(config.profiles))] or [{}]
 
 
 def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
@@ -184,6 +206,11 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         if learned:
             ctx.notes.append(f"shapes: {learned} tensors' shapes learned from one run with the fixed input shapes")
             run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx)
+    else:
+        refined = stage("specialize", lambda: refine_shapes(net, config.profiles, ctx.device.torch_device))
+        if refined:
+            ctx.notes.append(f"shapes: {refined} tensors' shapes refined from runs across the profiles' range")
+            run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx)
     int8_info: dict = {}  # the int8 or fp8 rewrite's record (its "qtype" says which)
     before_int8: list[Network] = []  # the float network, kept to time the all-int8 engine a budget deviates from
 
@@ -214,13 +241,13 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         info["int8"] = int8_info
     weights = {k: to_device(v, ctx.device.torch_device) for k, v in net.constants.items()}
     cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
-    shapes = opt_tensor_shapes(net, config, ctx.device)
-    choices = stage("tune", lambda: tune(net, weights, ctx.device, config.opt_level, config.tf32, cache,
-                                         ctx.progress, config.workspace_bytes, shapes))
+    shapes = profile_tensor_shapes(net, config, ctx.device)
+    choices = stage("tune", lambda: tune_profiles(net, weights, ctx.device, config.opt_level, config.tf32, cache,
+                                                  ctx.progress, config.workspace_bytes, shapes))
     if cache is not None:
         info["timing_cache"] = {"path": str(cache.path), "hits": cache.hits, "misses": cache.misses}
     engine = stage("plan", lambda: make_engine(net, config, ctx.device, source_sha256=loaded.sha256,
-                                               build_info=info, tactics=choices))
+                                               build_info=info, tactics=choices[0], profile_tactics=choices))
     engine.build_info["tactics"] = engine.tactic_summary()
     if "budget" in int8_info:
         int8_info["budget"]["cost"] = _fallback_cost(engine, before_int8, int8_info, cache, make_engine)

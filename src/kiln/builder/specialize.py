@@ -75,3 +75,47 @@ def observe_shapes(net: Network, device: str, input_shapes: dict[str, tuple]) ->
                 elif isinstance(value, torch.Tensor):
                     shapes[name] = tuple(value.shape)
     return shapes
+
+
+def probe_points(profiles) -> list[dict[str, tuple]]:
+    """Input shapes to observe a dynamic network at: each profile's min, opt and max, and one interior point
+    (a third of the way up, plus one) whose dims are unlike any of those three."""
+    points = []
+    for p in profiles:
+        odd = {n: tuple(min(lo + (hi - lo) // 3 + 1, hi) for lo, hi in zip(r.min, r.max)) for n, r in p.items()}
+        points += [{n: r.min for n, r in p.items()}, {n: r.opt for n, r in p.items()},
+                   {n: r.max for n, r in p.items()}, odd]
+    return points
+
+
+def refine_shapes(net: Network, profiles, device: str) -> int:
+    """Give a dynamic network's tensors the shapes observed over its profiles' range: a dim with one value at
+    every probe point becomes that int, a dim that follows an input's symbolic dim takes its symbol (ONNX shape
+    inference leaves `unk__` dims behind computed reshapes). Returns how many tensors changed."""
+    dynamic = [n for n in net.inputs if not net.tensors[n].is_static]
+    if not profiles or not dynamic or any(n not in p for p in profiles for n in dynamic) \
+            or any(getattr(net.tensors[n], "kind", "tensor") != "tensor" for n in net.inputs):
+        return 0
+    points = [{n: (net.tensors[n].shape if net.tensors[n].is_static else point[n]) for n in net.inputs}
+              for point in probe_points(profiles)]
+    seen = [observe_shapes(net, device, point) for point in points]
+    symbol: dict[tuple, str] = {}  # the values an input's symbolic dim takes at the probe points → its name
+    for n in dynamic:
+        for i, d in enumerate(net.tensors[n].shape):
+            if isinstance(d, str):
+                symbol.setdefault(tuple(point[n][i] for point in points), d)
+    changed = 0
+    for name, t in net.tensors.items():
+        shapes = [s.get(name) for s in seen]
+        if getattr(t, "kind", "tensor") != "tensor" or t.is_static or any(s is None for s in shapes) \
+                or len({len(s) for s in shapes}) != 1 or t.shape is not None and len(t.shape) != len(shapes[0]):
+            continue
+        old = t.shape or (None,) * len(shapes[0])
+        dims = []
+        for i, was in enumerate(old):
+            values = tuple(s[i] for s in shapes)
+            dims.append(values[0] if len(set(values)) == 1 else symbol.get(values, was))
+        if None not in dims and tuple(dims) != tuple(old):
+            t.shape = tuple(dims)
+            changed += 1
+    return changed

@@ -8,14 +8,15 @@ import typer
 
 from kiln.cli import (bench, build, compare, conformance, debug, demo, inspect, keygen, loadgen, profile, retune, run,
                       serve)
+from kiln.cli.options import ProfileCommand
 from kiln.version import __version__
 
 app = typer.Typer(name="kiln", help="kiln: ONNX models in, fast device-tuned engines out.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
-app.command("build")(build.build)
+app.command("build", cls=ProfileCommand)(build.build)
 app.command("run")(run.run)
 app.command("inspect")(inspect.inspect)
-app.command("bench")(bench.bench)
+app.command("bench", cls=ProfileCommand)(bench.bench)
 app.command("demo")(demo.demo)
 app.command("conformance")(conformance.conformance)
 app.command("compare")(compare.compare)

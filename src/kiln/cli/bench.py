@@ -15,8 +15,8 @@ from kiln.cli.errors import command
 from kiln.cli.inputs import engine_and_feeds
 from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Calibrator, CalibPercentile, Device, Force,
                               Fp8, Fp16, HardwareCompatOption, InputFiles, Int8, Json, KeepIoPrecision, LayerPrecision,
-                              MaxShapes, MemoryPool, MinShapes, ModelPath, OptLevel, OptShapes, Policy, Seed, Shapes,
-                              Tf32, TimingCache, Validation, Verbose, VerifyKey, parse_shapes)
+                              MaxShapes, MemoryPool, MinShapes, ModelPath, OptLevel, OptShapes, Policy, Profiles, Seed,
+                              Shapes, Tf32, TimingCache, Validation, Verbose, VerifyKey, parse_shapes)
 from kiln.cli.options import Nvtx
 from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, key_values, print_json, status, stdout
@@ -133,6 +133,7 @@ def bench(
     min_shapes: MinShapes = None,
     opt_shapes: OptShapes = None,
     max_shapes: MaxShapes = None,
+    profile: Profiles = None,
     timing_cache: TimingCache = None,
     opt_level: OptLevel = 3,
     layer_precision: LayerPrecision = None,
@@ -168,7 +169,7 @@ def bench(
                            parse_percentiles(percentiles), nvtx=nvtx).checked()
     check_outputs(export_times, export, plot, force)
     flags = dict(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes,
-                 max_shapes=max_shapes, timing_cache=timing_cache, opt_level=opt_level,
+                 max_shapes=max_shapes, profile=profile, timing_cache=timing_cache, opt_level=opt_level,
                  layer_precision=layer_precision, keep_io_precision=keep_io_precision, memory_pool=memory_pool,
                  hardware_compat=hardware_compat, calib=calib, calibrator=calibrator, calib_cache=calib_cache,
                  calib_batch=calib_batch, calib_percentile=calib_percentile, accuracy=accuracy, validation=validation)

@@ -11,7 +11,7 @@ import kiln
 from kiln.cli.errors import command
 from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Calibrator, CalibPercentile, Device, Force,
                               Fp8, Fp16, HardwareCompatOption, Int8, Json, KeepIoPrecision, LayerPrecision, MaxShapes,
-                              MemoryPool, MinShapes, OptLevel, OptShapes, Shapes, SignKey, Tf32, TimingCache,
+                              MemoryPool, MinShapes, OptLevel, OptShapes, Profiles, Shapes, SignKey, Tf32, TimingCache,
                               Validation, Verbose, parse_memory_pools, parse_shapes)
 from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
@@ -29,16 +29,40 @@ def qtypes_by_label() -> dict:
     return {q.label: q for q in QTYPES.values()}
 
 
-def profile_from(shapes: dict, min_shapes: dict, opt_shapes: dict, max_shapes: dict) -> tuple[Profile, ...]:
-    """One optimization profile: --shapes fix inputs, --min/--max-shapes (and --opt-shapes, default max) range them."""
+def profile_from(shapes: dict, min_shapes: dict, opt_shapes: dict, max_shapes: dict,
+                 profiles: list | tuple = ()) -> tuple[Profile, ...]:
+    """The optimization profiles: --min/--max-shapes (and --opt-shapes, default max) one, the first; each --profile
+    MIN OPT MAX one more; inputs --shapes fixes are in every profile."""
     if set(min_shapes) != set(max_shapes) or not set(opt_shapes) <= set(min_shapes):
         raise ConfigError("--min-shapes and --max-shapes must name the same inputs, and --opt-shapes only those")
-    both = sorted(set(shapes) & set(min_shapes))
+    ranged = [{n: ShapeRange(min_shapes[n], opt_shapes.get(n, max_shapes[n]), max_shapes[n]) for n in min_shapes}]
+    ranged = (ranged if min_shapes else []) + [_profile_option(spec) for spec in profiles or ()]
+    for k, p in enumerate(ranged[1:], 1):
+        if set(p) != set(ranged[0]):
+            raise ConfigError(f"profile {k} ranges inputs {sorted(p)} but profile 0 ranges {sorted(ranged[0])}; "
+                              "every --profile (and --min/--max-shapes) must give the same inputs")
+    both = sorted(set(shapes) & set(ranged[0])) if ranged else []
     if both:
-        raise ConfigError(f"{both} given both in --shapes and in --min/--max-shapes; use one of them per input")
-    profile = {n: ShapeRange(min_shapes[n], opt_shapes.get(n, max_shapes[n]), max_shapes[n]) for n in min_shapes}
-    profile.update({n: ShapeRange.fixed(s) for n, s in shapes.items()})
-    return (profile,) if profile else ()
+        raise ConfigError(f"{both} given both in --shapes and in --profile or --min/--max-shapes; use one of them "
+                          "per input")
+    fixed = {n: ShapeRange.fixed(s) for n, s in shapes.items()}
+    return tuple({**p, **fixed} for p in ranged) or ((fixed,) if fixed else ())
+
+
+def _profile_option(spec) -> Profile:
+    """One --profile MIN OPT MAX (each name:1x16[,name2:...]) as {input: ShapeRange}, or a ConfigError."""
+    if isinstance(spec, str) or not isinstance(spec, (tuple, list)) or len(spec) != 3:
+        raise ConfigError(f"--profile {spec!r} is not three shape lists; write --profile MIN OPT MAX, e.g. "
+                          "--profile x:1x16 x:8x128 x:32x512")
+    option = "--profile " + " ".join(map(str, spec))
+    lo, opt, hi = (parse_shapes([str(s)], option) for s in spec)
+    if not set(lo) == set(opt) == set(hi):
+        raise ConfigError(f"{option}: MIN, OPT and MAX must name the same inputs (they name {sorted(lo)}, "
+                          f"{sorted(opt)} and {sorted(hi)})")
+    try:
+        return {n: ShapeRange(lo[n], opt[n], hi[n]) for n in lo}
+    except ConfigError as e:
+        raise ConfigError(f"{option}: {e}") from None
 
 
 def parse_layer_precisions(specs: list[str] | None) -> dict[str, str]:
@@ -97,9 +121,10 @@ def print_summary(s: dict) -> None:
 
 
 BUILD_DEFAULTS = dict(fp16=False, bf16=False, int8=False, fp8=False, tf32=False, min_shapes=None, opt_shapes=None,
-                      max_shapes=None, timing_cache=None, opt_level=3, layer_precision=None, keep_io_precision=True,
-                      memory_pool=None, hardware_compat="none", calib=None, calibrator="entropy", calib_cache=None,
-                      calib_batch=16, calib_percentile=99.99, accuracy=None, validation=None)
+                      max_shapes=None, profile=None, timing_cache=None, opt_level=3, layer_precision=None,
+                      keep_io_precision=True, memory_pool=None, hardware_compat="none", calib=None,
+                      calibrator="entropy", calib_cache=None, calib_batch=16, calib_percentile=99.99, accuracy=None,
+                      validation=None)
 
 
 def build_flags_given(flags: dict) -> list[str]:
@@ -109,7 +134,8 @@ def build_flags_given(flags: dict) -> list[str]:
 
 def build_config(shapes: dict[str, tuple[int, ...]], device: str, cuda_graph: bool = True, **flags) -> kiln.BuildConfig:
     """The BuildConfig of the build flags (options.py; defaults in BUILD_DEFAULTS) that `kiln build` and, on an
-    .onnx, `kiln bench` / `kiln profile` take; --shapes fix inputs, --min/--opt/--max-shapes range them."""
+    .onnx, `kiln bench` / `kiln profile` take; --shapes fix inputs, --profile and --min/--opt/--max-shapes range
+    them."""
     unknown = sorted(set(flags) - set(BUILD_DEFAULTS))
     if unknown:
         raise InternalError(f"build_config got unknown flags {unknown}")
@@ -120,7 +146,7 @@ def build_config(shapes: dict[str, tuple[int, ...]], device: str, cuda_graph: bo
         files.check(f["calib_cache"], calib_kind, force=True, what="calibration cache")
     profiles = profile_from(shapes, parse_shapes(f["min_shapes"], "--min-shapes"),
                             parse_shapes(f["opt_shapes"], "--opt-shapes"),
-                            parse_shapes(f["max_shapes"], "--max-shapes"))
+                            parse_shapes(f["max_shapes"], "--max-shapes"), f["profile"])
     path = lambda p: str(p) if p else None  # noqa: E731
     return kiln.BuildConfig(fp16=f["fp16"], bf16=f["bf16"], int8=f["int8"], fp8=f["fp8"], tf32=f["tf32"],
                             profiles=profiles, timing_cache=path(f["timing_cache"]), opt_level=f["opt_level"],
@@ -147,6 +173,7 @@ def build(
     min_shapes: MinShapes = None,
     opt_shapes: OptShapes = None,
     max_shapes: MaxShapes = None,
+    profile: Profiles = None,
     timing_cache: TimingCache = None,
     opt_level: OptLevel = 3,
     device: Device = "auto",
@@ -180,8 +207,8 @@ def build(
     files.check(plan, KIND, force=force, what="plan file")  # before the build, not after it
     config = build_config(parse_shapes(shapes), device, cuda_graph, fp16=fp16, bf16=bf16, int8=int8, fp8=fp8,
                           tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes, max_shapes=max_shapes,
-                          timing_cache=timing_cache, opt_level=opt_level, layer_precision=layer_precision,
-                          keep_io_precision=keep_io_precision, memory_pool=memory_pool,
+                          profile=profile, timing_cache=timing_cache, opt_level=opt_level,
+                          layer_precision=layer_precision, keep_io_precision=keep_io_precision, memory_pool=memory_pool,
                           hardware_compat=hardware_compat, calib=calib, calibrator=calibrator,
                           calib_cache=calib_cache, calib_batch=calib_batch, calib_percentile=calib_percentile,
                           accuracy=accuracy, validation=validation)

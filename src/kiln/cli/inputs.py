@@ -215,8 +215,8 @@ def save_outputs(outputs: dict[str, np.ndarray], paths: dict[str, Path], force: 
 def onnx_build_shapes(model: Path, shapes: dict[str, tuple[int, ...]], batch: int | None,
                       ranged: set[str] | frozenset[str] = frozenset()) -> dict[str, tuple[int, ...]]:
     """What `bench` / `profile` build an .onnx with: `shapes` (--shapes, --input arrays), and for each other input
-    not in `ranged` (--min/--max-shapes) its declared dimensions, the leading one --batch, any other dynamic one 1
-    with a warning (as trtexec does)."""
+    not in `ranged` (--profile, --min/--max-shapes) its declared dimensions, the leading one --batch, any other
+    dynamic one 1 with a warning (as trtexec does)."""
     from kiln.errors import ModelError
     from kiln.frontend.onnx.loader import read_model
 
@@ -276,6 +276,7 @@ def engine_and_feeds(model: Path, specs: list[str] | None, shapes: dict[str, tup
     if is_onnx(model):
         given = _array_shapes(loaded, shapes)
         ranged = set(parse_shapes(flags.get("min_shapes"), "--min-shapes"))
+        ranged |= {n for spec in flags.get("profile") or () for n in parse_shapes(list(spec)[:1], "--profile")}
         build_shapes = onnx_build_shapes(model, {n: s for n, s in given.items() if n not in ranged}, batch, ranged)
         config = build_config(build_shapes, device, cuda_graph, **flags)
         engine = open_engine(model, build_shapes, device, config=config)

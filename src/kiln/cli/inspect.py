@@ -110,6 +110,7 @@ def describe_plan(path: Path, header_only: bool) -> dict:
         if row["kind"] in quantized.KINDS:
             row["precision"] = q["precision"]  # "int8" / "fp8", not the IR type name (float8_e4m3fn)
     return {"file": str(path), "header": header, "config": config, "layers": layers,
+            "profiles": _profiles(config, tactics, p.manifest.get("profile_tactics")),
             "memory": {"plan_bytes": path.stat().st_size,
                        "weight_bytes": net.weight_bytes() + sum(_bytes(list(x.attrs.values())) for x in net.layers),
                        "arena_bytes": (p.manifest.get("memory") or {}).get("arena_bytes"),
@@ -119,6 +120,28 @@ def describe_plan(path: Path, header_only: bool) -> dict:
             "totals": {"layers": len(layers), "onnx_nodes": build.get("onnx_nodes"),
                        "kinds": dict(collections.Counter(x.kind for x in net.layers).most_common()),
                        "passes": build.get("passes", {}), "notes": build.get("notes", [])}}
+
+
+def _profiles(config: dict, tactics: dict, others) -> list[dict]:
+    """Each optimization profile: its min/opt/max per input, and (after the first) the layers whose tactic differs
+    from profile 0's, with that profile's choices (rejected candidates included) for every layer it records."""
+    others = others if isinstance(others, list) else []
+    out = []
+    for k, ranges in enumerate(config.get("profiles") or []):
+        own = others[k - 1] if 0 < k <= len(others) and isinstance(others[k - 1], dict) else {}
+        own = {n: c for n, c in own.items() if isinstance(c, dict)}
+        first = lambda n: tactics.get(n) if isinstance(tactics.get(n), dict) else {}  # noqa: E731
+        unlike = {n: _choice_label(c) for n, c in own.items()
+                  if (c.get("tactic"), c.get("config")) != (first(n).get("tactic"), first(n).get("config"))}
+        out.append({"index": k, "inputs": ranges if isinstance(ranges, dict) else {},
+                    "tactics_unlike_profile_0": unlike, "tactics": own})
+    return out
+
+
+def _choice_label(choice: dict) -> str:
+    """tactic{config} of a manifest's choice, as the autotuner labels its candidates."""
+    config = choice.get("config")
+    return f"{choice.get('tactic') or 'reference'}{config or ''}"
 
 
 def _nodes(graph: onnx.GraphProto):
@@ -243,6 +266,7 @@ def print_plan(d: dict) -> None:
                 _shapes(row["inputs"]), _shapes(row["outputs"]) + layout, fmt_bytes(row["weight_bytes"]),
                 _tactic(row))
     stdout().print(table)
+    _print_profiles(d.get("profiles") or [])
     m, t, z = d["memory"], d["totals"], d["size"]
     workspace = m["workspace_limit_bytes"]
     rows = [("plan file", fmt_bytes(m["plan_bytes"])),
@@ -258,6 +282,24 @@ def print_plan(d: dict) -> None:
             ("passes applied", ", ".join(f"{k} ×{n}" for k, n in t["passes"].items()) or "none")]
     rows += [("note", n) for n in t["notes"]]
     stdout().print(key_values("Memory and totals", rows))
+
+
+def _print_profiles(profiles: list[dict]) -> None:
+    """The optimization profiles table: one row per input of each profile, and its tactics unlike profile 0's."""
+    if not profiles:
+        return
+    table = Table(title="Optimization profiles (each tuned at its opt shapes)", title_justify="left")
+    for col in ("#", "input", "min", "opt", "max", "tactics unlike profile 0's"):
+        table.add_column(col, overflow="fold")
+    dims = lambda s: "x".join(map(str, s)) if isinstance(s, list) else str(s)  # noqa: E731
+    for p in profiles:
+        unlike = "\n".join(f"{n}: {t}" for n, t in p["tactics_unlike_profile_0"].items())
+        unlike = unlike or ("-" if p["index"] == 0 else "none")
+        rows = [(n, r) for n, r in p["inputs"].items() if isinstance(r, dict)] or [("-", {})]
+        for i, (name, r) in enumerate(rows):
+            add_row(table, p["index"] if i == 0 else "", name, dims(r.get("min", "")), dims(r.get("opt", "")),
+                    dims(r.get("max", "")), unlike if i == 0 else "")
+    stdout().print(table)
 
 
 def _tactic(row: dict) -> str:

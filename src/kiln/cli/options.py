@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from kiln.config import MAX_DIM
 from kiln.errors import ConfigError
@@ -117,6 +118,27 @@ MinShapes = Annotated[Optional[list[str]], typer.Option("--min-shapes", help="Sm
 OptShapes = Annotated[Optional[list[str]], typer.Option("--opt-shapes", help="Shapes to tune for [default: the max "
                                                                              "shapes].")]
 MaxShapes = Annotated[Optional[list[str]], typer.Option("--max-shapes", help="Largest input shapes.")]
+
+
+def _triple(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else value
+
+
+Profiles = Annotated[Optional[list[tuple]], typer.Option(
+    "--profile", parser=_triple,
+    help="One optimization profile: its MIN OPT MAX shapes, each name:1x16[,name2:1x16]; repeatable (as trtexec's "
+         "profiles), each tuned at its opt shapes. --min/--opt/--max-shapes add one more profile, the first; inputs "
+         "fixed by --shapes are in every profile.")]
+
+
+class ProfileCommand(TyperCommand):
+    """A command whose --profile option takes three values (MIN OPT MAX), which typer cannot declare."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.name == "profile":
+                param.nargs, param.metavar = 3, "MIN OPT MAX"
 TimingCache = Annotated[Optional[Path], typer.Option("--timing-cache", help="Timing cache file to reuse.")]
 OptLevel = Annotated[int, typer.Option("--opt-level", help="Tuning effort, 0..5.")]
 LayerPrecision = Annotated[Optional[list[str]], typer.Option(

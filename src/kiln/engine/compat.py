@@ -171,12 +171,14 @@ def rebuild_command(config: dict, source: str, plan: str) -> str:
     if profiles:
         p = profiles[0]
         dims = lambda s: "x".join(map(str, s))  # noqa: E731
-        fixed = [f"{n}:{dims(r['min'])}" for n, r in p.items() if r["min"] == r["max"]]
-        ranged = {n: r for n, r in p.items() if r["min"] != r["max"]}
+        fixed = [n for n, r in p.items() if r["min"] == r["max"] and all(q.get(n) == r for q in profiles)]
         if fixed:
-            args += ["--shapes", ",".join(fixed)]
-        for which in ("min", "opt", "max") if ranged else ():
-            args += [f"--{which}-shapes", ",".join(f"{n}:{dims(r[which])}" for n, r in ranged.items())]
+            args += ["--shapes", ",".join(f"{n}:{dims(p[n]['min'])}" for n in fixed)]
+        spec = lambda q, which: ",".join(f"{n}:{dims(r[which])}" for n, r in q.items() if n not in fixed)  # noqa: E731
+        for q in profiles if len(profiles) > 1 else ():
+            args += ["--profile", *(spec(q, which) for which in ("min", "opt", "max"))]
+        for which in ("min", "opt", "max") if len(profiles) == 1 and len(fixed) < len(p) else ():
+            args += [f"--{which}-shapes", spec(p, which)]
     if config.get("opt_level", 3) != 3:
         args += ["--opt-level", str(config["opt_level"])]
     if config.get("hardware_compat", "none") != "none":

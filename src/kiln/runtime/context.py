@@ -8,6 +8,7 @@ Runtime values are torch tensors, numpy object arrays (strings), lists (sequence
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, Mapping
 
@@ -18,9 +19,10 @@ from kiln.ir import Layer, Tensor
 from kiln.ir.dtype import DType
 from kiln.kinds.interpret import first_line, run_layers, to_device, to_host
 from kiln.runtime.arena import Arena
-from kiln.runtime.cuda_graph import GraphCache
-from kiln.runtime.io import as_torch, check_feeds, check_indices, fetch, index_bounds, upload
+from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS, GraphCache, signature
+from kiln.runtime.io import as_torch, bind_outputs, check_bound, check_feeds, check_indices, fetch, index_bounds, upload
 from kiln.runtime.nvtx import ranged_kernels
+from kiln.runtime.shape_program import input_signature
 from kiln.tactics.registry import Kernel, reference_kernel
 from kiln.tactics.spec import layer_spec
 
@@ -58,28 +60,42 @@ class ExecutionContext:
     NVTX ranges are recorded at launch, so the layers then run eagerly, without CUDA graph replay.
     """
 
-    def __init__(self, engine, cuda_graph: bool | None = None, nvtx: bool = False):
+    def __init__(self, engine, cuda_graph: bool | None = None, nvtx: bool = False,
+                 max_cuda_graphs: int = DEFAULT_MAX_GRAPHS, profile: int | str = "auto"):
         self.engine = engine
+        if profile != "auto":  # "auto": chosen by each run's input shapes
+            count = max(1, len(engine.config.profiles))
+            if isinstance(profile, bool) or not isinstance(profile, int) or not 0 <= profile < count:
+                raise InputError(f"profile={profile!r}: give \"auto\" or an optimization profile index, "
+                                 f"0..{count - 1} (this engine has {count})")
+        self.profile = profile
         cuda = engine.device.backend == "cuda"
         use_graph = engine.config.cuda_graph if cuda_graph is None else cuda_graph
         self.stream = torch.cuda.Stream() if cuda else None
         # NVTX ranges are recorded at launch, never by a graph replay: with them the layers run eagerly
-        self.graphs = GraphCache(self.stream) if cuda and use_graph and not nvtx else None
+        if isinstance(max_cuda_graphs, bool) or not isinstance(max_cuda_graphs, int) or max_cuda_graphs < 0:
+            raise InputError(f"max_cuda_graphs must be a whole number >= 0, got {max_cuda_graphs!r}")
+        use_graph = use_graph and max_cuda_graphs > 0
+        self.graphs = GraphCache(self.stream, max_cuda_graphs) if cuda and use_graph and not nvtx else None
         self.nvtx = nvtx
         self._ranged = ranged_kernels(engine) if nvtx else None  # no per-layer wrapper unless asked for
         self.arena = Arena(engine)
         self.index_bounds = index_bounds(engine.network)
 
-    def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None, stream: torch.cuda.Stream | None = None,
+            outputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
         """Run the engine. numpy in → numpy out; torch or DLPack in → torch out (on the engine's device).
 
         `keep` names extra intermediate tensors to return as well (for debugging and `compare --mark-all`).
+        `stream` enqueues the whole run on that CUDA stream without added synchronization (as TensorRT's
+        enqueueV3); `outputs` binds preallocated device tensors to named outputs (ONNX Runtime's IOBinding).
         Sequence inputs are lists of arrays, optional inputs an array or None.
         The phases (`check`, `upload`, `execute`, `download`) are public so that `kiln bench` can time each.
         """
         tensors, as_numpy = self.check(feeds)
-        result = self.execute(self.upload(tensors), keep)
-        return self.download(result) if as_numpy else result
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            result = self.execute(self.upload(tensors), keep, stream=stream, outputs=outputs)
+            return self.download(result) if as_numpy else result
 
     def check(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """(runtime values on the host or device as given, whether the caller used numpy), checked against the
@@ -98,7 +114,25 @@ class ExecutionContext:
             tensors[t.name], was_numpy = _feed_value(t, feeds[t.name])
             as_numpy |= was_numpy
         check_indices(tensors, self.index_bounds)
+        if self.profile != "auto":
+            ranges = self.engine.config.profiles[self.profile] if self.engine.config.profiles else {}
+            if not all(r.contains(tuple(tensors[n].shape)) for n, r in ranges.items() if n in tensors):
+                raise InputError(f"input shapes {({n: list(tensors[n].shape) for n in ranges if n in tensors})} are "
+                                 f"outside optimization profile {self.profile} "
+                                 f"({', '.join(f'{n} {r}' for n, r in ranges.items())}) this context was made for; "
+                                 "use create_context(profile=\"auto\") or the profile holding them")
         return tensors, as_numpy
+
+    def _kernels(self, inputs: dict[str, Any]) -> list:
+        """The kernels of the optimization profile these inputs run under (this context's, or the one holding
+        their shapes)."""
+        engine = self.engine
+        if engine.profile_count < 2:
+            return engine.kernels if self._ranged is None else self._ranged
+        profile = self.profile if self.profile != "auto" else engine.select_profile(
+            {n: tuple(v.shape) for n, v in inputs.items() if isinstance(v, torch.Tensor)})
+        kernels = engine.kernels_for(profile)
+        return kernels if not self.nvtx else ranged_kernels(engine, kernels=kernels)
 
     def upload(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """Inputs onto the engine's device, host tensors through pinned staging buffers (asynchronous, on the
@@ -108,25 +142,45 @@ class ExecutionContext:
             return {k: to_device(v, dev) for k, v in tensors.items()}
         return {k: upload(v, dev) for k, v in tensors.items()}
 
-    def execute(self, inputs: dict[str, Any], keep: set[str] | None = None) -> dict[str, Any]:
-        """The engine's kernels on device-resident inputs (a captured CUDA graph where possible), on this
-        context's stream, ordered after and before the caller's current stream; returns device values."""
+    def execute(self, inputs: dict[str, Any], keep: set[str] | None = None, *, stream: torch.cuda.Stream | None = None,
+                outputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """The engine's kernels on device-resident inputs (a captured CUDA graph where possible); returns device
+        values. By default on this context's stream, ordered after and before the caller's current stream;
+        `stream`: enqueued on that stream with no synchronization added (the caller orders its inputs and outputs).
+        `outputs`: preallocated tensors the named outputs are written into (returned in their place)."""
         keep = self._keep(keep)
+        bound = check_bound(outputs, self.engine.network.outputs, self.engine.device.torch_device)
         if self.stream is None:
-            return self._run(inputs, keep)
+            return bind_outputs(self._run(inputs, keep), bound)
         caller = torch.cuda.current_stream()
-        self.stream.wait_stream(caller)
-        with torch.cuda.stream(self.stream):
-            result = self.graphs.run(self._run, inputs) if self.graphs is not None and not keep else None
+        run_on = stream or self.stream
+        if stream is None:
+            self.stream.wait_stream(caller)
+        with torch.cuda.stream(run_on):
+            result = self._replay(inputs, bound) if self.graphs is not None and not keep else None
         if result is None:
             if self.graphs is not None and self.graphs.failed_capture:
                 self.stream = self.graphs.stream = torch.cuda.Stream()  # never reuse a stream a capture broke
                 self.graphs.failed_capture = False
-                self.stream.wait_stream(caller)
-            with torch.cuda.stream(self.stream):
-                result = self._run(inputs, keep)
-        caller.wait_stream(self.stream)
+                if stream is None:
+                    self.stream.wait_stream(caller)
+                    run_on = self.stream
+            with torch.cuda.stream(run_on):
+                result = bind_outputs(self._run(inputs, keep), bound)
+        if stream is None:
+            caller.wait_stream(self.stream)
         return result
+
+    def _replay(self, inputs: dict[str, Any], bound: dict[str, torch.Tensor]) -> dict[str, Any] | None:
+        """Outputs from this signature's CUDA graph (captured on its first use), or None where it runs eagerly.
+        A dynamic engine's first run at a new signature runs eagerly first, to memoize its shape values."""
+        program, pin = self.engine.shape_program, None
+        if program and signature(inputs) is not None and self.graphs.capturable(inputs):
+            pin = program.lookup(input_signature(inputs))
+            if pin is None:
+                self._run(inputs)
+                pin = program.lookup(input_signature(inputs))
+        return self.graphs.run(self._run, inputs, bound, pin)
 
     def _keep(self, keep) -> set[str]:
         """`keep` as a set of names of tensors the engine reads or computes, or an InputError naming the others."""
@@ -155,18 +209,31 @@ class ExecutionContext:
         return {n: to_host(v) for n, v in staged.items()}
 
     def _run(self, inputs: dict[str, Any], keep: set[str] = frozenset()) -> dict[str, Any]:
-        """One eager pass over the engine's kernels; returns outputs (and the kept intermediates)."""
-        net = self.engine.network
-        values: dict[str, Any] = dict(self.engine.weights)
+        """One eager pass over the engine's kernels; returns outputs (and the kept intermediates).
+
+        A dynamic engine at a signature seen before runs only its data layers, reading the memoized shape values;
+        at a new signature it runs every layer and memoizes them (its one host read-back per signature)."""
+        engine, program = self.engine, self.engine.shape_program
+        values: dict[str, Any] = dict(engine.weights)
         values.update(inputs)
+        kernels = self._kernels(inputs)
         buffers = None if keep else self.arena.buffers  # kept intermediates outlive their arena places
+        known = program.lookup(input_signature(inputs)) if program and not keep else None
         with torch.inference_mode():
-            kernels = self.engine.kernels if self._ranged is None else self._ranged
-            run_layers(net, values, self._failure, self.engine.memory_plan.release, keep, kernels,
-                       buffers, self._fallback)
+            if known is None:
+                run_layers(engine.network, values, self._failure, engine.memory_plan.release,
+                           keep | program.names if program else keep, kernels, buffers, self._fallback)
+                if program and not keep:
+                    program.record(input_signature(inputs), values)
+            else:
+                values.update(known.values)
+                steps = program.run_steps
+                run_layers(program.run_net, values, self._failure, program.release, keep,
+                           [kernels[k] for k in steps], buffers and [buffers[k] for k in steps],
+                           lambda step, e: self._fallback(steps[step], e))
         # layout layers may leave an output as a view (strided, or aliasing another value, arena memory included):
         # hand back dense tensors of their own
-        names = list(net.outputs) + sorted(keep - set(net.outputs))
+        names = list(engine.network.outputs) + sorted(keep - set(engine.network.outputs))
         return {n: values[n].clone() if self.arena.holds(values[n]) else _dense(values[n]) for n in names}
 
     @property

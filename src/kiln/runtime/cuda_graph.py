@@ -3,17 +3,23 @@
 Replay copies the inputs into the graph's static buffers, launches the whole engine as one graph
 (no per-layer Python or launch overhead) and returns copies of the static outputs. A run that cannot
 be captured (a layer syncs with the host, say) stays eager for that signature, and says why.
+A context keeps at most `max_graphs` graphs (least recently used go first); they share one memory pool,
+which is safe because they replay one at a time on one stream and their outputs are copied out at once.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections import OrderedDict
+from typing import Any, Callable
 
 import torch
 
+from kiln.runtime.io import bind_outputs
+
 Signature = tuple
 RunFn = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+DEFAULT_MAX_GRAPHS = 32
 
 
 def signature(inputs: dict[str, torch.Tensor]) -> Signature | None:
@@ -31,11 +37,15 @@ class CapturedRun:
 
     _capturing = threading.Lock()
 
-    def __init__(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream):
+    def __init__(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool, pin: Any = None):
+        self.pin = pin  # what the graph reads besides its inputs (a dynamic engine's shape values): kept alive
+        caller = torch.cuda.current_stream()
+        stream.wait_stream(caller)
         with self._capturing:
-            self._capture(run, inputs, stream)
+            self._capture(run, inputs, stream, pool)
+        caller.wait_stream(stream)
 
-    def _capture(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream) -> None:
+    def _capture(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool) -> None:
         self.inputs = {k: v.clone() for k, v in inputs.items()}
         self.graph = torch.cuda.CUDAGraph()
         # warm-up on the side stream (lazy handles and workspaces are made outside capture); a layer that
@@ -48,26 +58,37 @@ class CapturedRun:
         finally:
             torch.cuda.set_sync_debug_mode(old)
         stream.synchronize()
-        with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             self.outputs = run(self.inputs)
 
-    def replay(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def replay(self, inputs: dict[str, torch.Tensor], bound: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the graph on the current stream; outputs copied out (into `bound` tensors where given)."""
         for k, v in inputs.items():
             self.inputs[k].copy_(v, non_blocking=True)
         self.graph.replay()
-        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.outputs.items()}
+        out = {k: v.clone() if isinstance(v, torch.Tensor) and k not in bound else v for k, v in self.outputs.items()}
+        return bind_outputs(out, bound)
 
 
 class GraphCache:
-    """Per execution context: a captured run per signature, or the reason a signature runs eagerly."""
+    """Per execution context: a captured run per signature (at most `max_graphs`, least recently used dropped),
+    or the reason a signature runs eagerly."""
 
-    def __init__(self, stream: torch.cuda.Stream):
+    def __init__(self, stream: torch.cuda.Stream, max_graphs: int = DEFAULT_MAX_GRAPHS):
         self.stream = stream
-        self.runs: dict[Signature, CapturedRun] = {}
+        self.max_graphs = max_graphs
+        self.pool = torch.cuda.graph_pool_handle()
+        self.runs: OrderedDict[Signature, CapturedRun] = OrderedDict()
         self.eager: dict[Signature, str] = {}
+        self.captures = 0  # graphs captured so far (more than max_graphs: signatures were evicted and re-captured)
         self.failed_capture = False  # a capture that failed midway may leave its stream unusable
 
-    def run(self, run: RunFn, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    def capturable(self, inputs: dict[str, torch.Tensor]) -> bool:
+        sig = signature(inputs)
+        return sig is not None and sig not in self.eager
+
+    def run(self, run: RunFn, inputs: dict[str, torch.Tensor], bound: dict[str, torch.Tensor] | None = None,
+            pin: Any = None) -> dict[str, torch.Tensor] | None:
         """Outputs from the graph for these inputs; None if this signature must run eagerly."""
         sig = signature(inputs)
         if sig is None or sig in self.eager:
@@ -75,10 +96,16 @@ class GraphCache:
         captured = self.runs.get(sig)
         if captured is None:
             try:
-                captured = self.runs[sig] = CapturedRun(run, inputs, self.stream)
+                captured = CapturedRun(run, inputs, self.stream, self.pool, pin)
             except Exception as e:  # not capturable: remember why, run eagerly from now on
                 torch.cuda.synchronize()
                 self.eager[sig] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 self.failed_capture = True
                 return None
-        return captured.replay(inputs)
+            self.captures += 1
+            self.runs[sig] = captured
+            while len(self.runs) > self.max_graphs:
+                self.runs.popitem(last=False)
+        else:
+            self.runs.move_to_end(sig)
+        return captured.replay(inputs, bound or {})

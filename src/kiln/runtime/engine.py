@@ -10,15 +10,19 @@ from pathlib import Path
 import torch
 
 from kiln.builder.build import Progress, build as build_pipeline
+from kiln.builder.specialize import probe_points
 from kiln.config import BuildConfig
 from kiln.engine import compat, plan, signing
 from kiln.engine.retune import retune
 from kiln.engine.serialize import check_plugins, network_from_json, network_to_json, plugins_to_json
-from kiln.errors import KilnError, PlanError
+from kiln.errors import InputError, KilnError, PlanError
 from kiln.ir import Network
 from kiln.kinds.interpret import to_device
 from kiln.runtime.context import ExecutionContext
+from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS
+from kiln.runtime.io import select_profile
 from kiln.runtime.memory_plan import plan_memory
+from kiln.runtime.shape_program import ShapeProgram
 from kiln.tactics import registry
 from kiln.tactics.choice import Choice
 from kiln.tactics.host_inputs import HOST_INPUTS, with_host_constants
@@ -35,7 +39,8 @@ class Engine:
 
     def __init__(self, network: Network, config: BuildConfig, device: Device, *,
                  source_sha256: str = "", build_info: dict | None = None, header: dict | None = None,
-                 tactics: dict[str, Choice] | None = None, tuned_for: dict | None = None):
+                 tactics: dict[str, Choice] | None = None, tuned_for: dict | None = None,
+                 profile_tactics: list[dict[str, Choice]] | None = None):
         self.network = network
         self.config = config
         self.device = device
@@ -48,15 +53,29 @@ class Engine:
         self.tactics = {l.name: (tactics or {}).get(l.name) or Choice(registry.REFERENCE) for l in network.layers}
         self.compiled: dict[str, registry.Tactic] = {}  # layer → the tactic its kernel came from
         self.kernels = [self._compile(layer) for layer in network.layers]
+        # per optimization profile, its {layer: Choice} ([0] is `tactics`; a layer a profile omits takes profile 0's)
+        # and the kernels of its layers whose choice differs from profile 0's (None: profile 0's kernel, shared)
+        given = list(profile_tactics or ())[1:]
+        self.profile_tactics = [self.tactics] + [
+            {n: (given[k].get(n) if k < len(given) else None) or c for n, c in self.tactics.items()}
+            for k in range(max(0, len(config.profiles) - 1))]
+        self.profile_compiled = [self.compiled] + [{} for _ in self.profile_tactics[1:]]
+        self._own_kernels: list[list[Kernel | None]] = [[None] * len(network.layers)]
+        for k, choices in enumerate(self.profile_tactics[1:], 1):
+            self._own_kernels.append([None if _same(choices[l.name], self.tactics[l.name])
+                                      else self._compile(l, choices[l.name], self.profile_compiled[k])
+                                      for l in network.layers])
         t = self.compiled
         self.memory_plan = plan_memory(network, placed={n for n in t if t[n].writes_out},
                                        fresh={n for n in t if t[n].fresh or t[n].writes_out})
+        self.shape_program = ShapeProgram(network, device.torch_device)
 
-    def _compile(self, layer) -> Kernel:
-        """The layer's kernel from its chosen tactic; a tactic this GPU cannot run (a plan loaded under
-        `--policy warn` elsewhere: fp8 on a GPU without fp8 tensor cores, say) or that no longer compiles falls back
-        to the reference, with a note."""
-        choice = self.tactics[layer.name]
+    def _compile(self, layer, choice: Choice | None = None, compiled: dict | None = None) -> Kernel:
+        """The layer's kernel from its chosen tactic (profile 0's unless `choice`; recorded in `compiled`); a tactic
+        this GPU cannot run (a plan loaded under `--policy warn` elsewhere: fp8 on a GPU without fp8 tensor cores,
+        say) or that no longer compiles falls back to the reference, with a note."""
+        choice = choice or self.tactics[layer.name]
+        compiled = self.compiled if compiled is None else compiled
         spec = layer_spec(self.network, layer, self.weights, self.config.tf32)
         if choice.tactic == registry.REFERENCE:
             host = {i: self.network.constants[n] for i, n in enumerate(layer.inputs)
@@ -70,13 +89,33 @@ class Engine:
             if why:
                 raise RuntimeError(f"this GPU cannot run it: {why}")
             kernel = tactic.compile(spec, choice.config, self.device)
-            self.compiled[layer.name] = tactic
+            compiled[layer.name] = tactic
             return kernel
         except Exception as e:  # recorded, and the engine still runs correctly
             self.build_info.setdefault("load_notes", []).append(
                 f"layer {layer.name!r}: tactic {choice.tactic} failed to compile here ({type(e).__name__}: {e}); "
                 "running the reference instead")
             return registry.reference_kernel(spec)
+
+    @property
+    def profile_count(self) -> int:
+        """How many optimization profiles the engine has (1 for an engine built without profiles)."""
+        return len(self.profile_tactics)
+
+    def kernels_for(self, profile: int) -> list[Kernel]:
+        """The layers' kernels under optimization profile `profile` (an index; profile 0's kernel object where the
+        choice is the same); an InputError for an index out of range."""
+        if isinstance(profile, bool) or not isinstance(profile, int) or not 0 <= profile < self.profile_count:
+            raise InputError(f"optimization profile {profile!r} does not exist: this engine has "
+                             f"{self.profile_count}, 0..{self.profile_count - 1}")
+        own = self._own_kernels[profile]
+        return [k if k is not None else self.kernels[i] for i, k in enumerate(own)]
+
+    def select_profile(self, shapes: dict[str, tuple]) -> int:
+        """The optimization profile for these input shapes: the one holding them; of several, the one whose opt
+        shapes are nearest (see `kiln.runtime.io.select_profile`); an InputError naming every profile's range when
+        none holds them."""
+        return select_profile({n: tuple(s) for n, s in shapes.items()}, self.config.profiles)
 
     def tactic_summary(self) -> dict[str, int]:
         """How many layers run with each tactic."""
@@ -93,10 +132,13 @@ class Engine:
     def outputs(self):
         return [self.network.tensors[n] for n in self.network.outputs]
 
-    def create_context(self, *, nvtx: bool = False) -> ExecutionContext:
+    def create_context(self, *, nvtx: bool = False, max_cuda_graphs: int = DEFAULT_MAX_GRAPHS,
+                       profile: int | str = "auto") -> ExecutionContext:
         """A new execution context; `nvtx=True`: each layer's launch is an NVTX range named after the layer, for
-        Nsight Systems, and the layers run eagerly (ranges are recorded at launch, never by a CUDA graph replay)."""
-        return ExecutionContext(self, nvtx=nvtx)
+        Nsight Systems, and the layers run eagerly (ranges are recorded at launch, never by a CUDA graph replay).
+        `max_cuda_graphs`: how many input signatures keep a captured CUDA graph (least recently used go first).
+        `profile`: the optimization profile's index, or "auto" to pick it from each run's input shapes."""
+        return ExecutionContext(self, nvtx=nvtx, max_cuda_graphs=max_cuda_graphs, profile=profile)
 
     def run(self, feeds):
         """One-off convenience: a fresh context's run."""
@@ -108,7 +150,30 @@ class Engine:
         """Build an engine for the best device present (or `config.device`) from an ONNX model (the builder's
         pipeline, its tuned network made into this class). `base_dir`: the folder holding the external data of a
         model given as bytes or a ModelProto."""
-        return build_pipeline(model, config, progress, calib_data, validation_data, base_dir, make_engine=cls)
+        engine = build_pipeline(model, config, progress, calib_data, validation_data, base_dir, make_engine=cls)
+        engine.warm_up()
+        return engine
+
+    def warm_up(self) -> None:
+        """Run a dynamic GPU engine on zeros at each profile's min, opt, max and one interior shape, so that its
+        kernels are compiled for every shape class they specialize on (Triton: sizes of 1, multiples of 16) and a
+        first call at a new shape inside the profiles compiles nothing."""
+        net = self.network
+        if self.device.backend != "cuda" or not self.has_dynamic_inputs or not self.config.profiles \
+                or any(net.tensors[n].kind != "tensor" for n in net.inputs):
+            return
+        start = time.perf_counter()
+        for profile, point in ((k, x) for k, p in enumerate(self.config.profiles) for x in probe_points((p,))):
+            ctx = ExecutionContext(self, cuda_graph=False, profile=profile)
+            feeds = {n: torch.zeros(point.get(n, net.tensors[n].shape), dtype=net.tensors[n].dtype.torch,
+                                    device=self.device.torch_device) for n in net.inputs}
+            try:
+                ctx.run(feeds)
+            except KilnError as e:  # zeros are not valid data for every model: its first real call compiles instead
+                self.build_info.setdefault("load_notes", []).append(f"warm-up at {feeds_str(point)} failed: {e}")
+                return
+        torch.cuda.synchronize()
+        self.build_info["warm_up_seconds"] = round(time.perf_counter() - start, 3)
 
     # -- plan files -----------------------------------------------------------------------
     def serialize(self, plan_name: str = "MODEL.plan", sign_key=None) -> bytes:
@@ -119,6 +184,9 @@ class Engine:
                     "build": self.build_info,
                     "memory": self.memory_plan.to_json(),
                     "tactics": {name: c.to_json() for name, c in self.tactics.items()}}
+        if len(self.profile_tactics) > 1:  # profiles 1.. : the layers whose choice differs from profile 0's
+            manifest["profile_tactics"] = [{n: c.to_json() for n, c in p.items() if c != self.tactics[n]}
+                                           for p in self.profile_tactics[1:]]
         header = {"device": self.tuned_for, "source_sha256": self.source_sha256,
                   "hardware_compat": self.config.hardware_compat,
                   "rebuild": compat.rebuild_command(config, str(self.build_info.get("source") or ""), plan_name)}
@@ -153,11 +221,12 @@ class Engine:
             network = network_from_json(m["network"], p.tensors)
             config = BuildConfig.from_json(m["config"])
             build_info = dict(m.get("build") or {})
-            tactics = {str(k): Choice.from_json(v) for k, v in (m.get("tactics") or {}).items()}
-            unknown = set(tactics) - {layer.name for layer in network.layers}
-            if unknown:
-                raise PlanError(f"{path}: manifest has tactics for layers it does not have "
-                                f"({printable(sorted(unknown)[:3])}); rebuild the plan")
+            tactics = _read_tactics(m.get("tactics") or {}, network, path)
+            others = m.get("profile_tactics") or []
+            if not isinstance(others, list) or len(others) > max(0, len(config.profiles) - 1):
+                raise PlanError(f"{path}: manifest's profile_tactics is not a list of one entry per profile after "
+                                f"the first ({len(config.profiles)} profiles); rebuild the plan")
+            profile_tactics = [tactics] + [_read_tactics(p, network, path) for p in others]
         except PlanError:
             raise
         except Exception as e:
@@ -170,9 +239,11 @@ class Engine:
             build_info["retune"] = dict(info, **{"from": report.built.get("name"), "differences": report.blocking
                                                  + report.notes})
             tuned_for = None  # this device's fingerprint
+            profile_tactics = None  # the other profiles' choices were made on the other device: profile 0's serve
         try:
             engine = cls(network, config, device, source_sha256=str(p.header.get("source_sha256", "")),
-                         build_info=build_info, header=p.header, tactics=tactics, tuned_for=tuned_for)
+                         build_info=build_info, header=p.header, tactics=tactics, tuned_for=tuned_for,
+                         profile_tactics=profile_tactics)
         except KilnError:
             raise
         except Exception as e:
@@ -180,8 +251,30 @@ class Engine:
                             f"({type(e).__name__}: {printable(str(e))}); rebuild the plan") from None
         for step, layer in enumerate(network.layers):
             engine.kernels[step] = _checked_once(engine, step, layer, str(path))
+        engine.warm_up()
         engine.build_info["load_seconds"] = time.perf_counter() - start
         return engine
+
+
+def _same(a: Choice, b: Choice) -> bool:
+    """Whether two choices compile to the same kernel."""
+    return a is b or (a.tactic, a.config) == (b.tactic, b.config)
+
+
+def _read_tactics(raw, network: Network, path) -> dict[str, Choice]:
+    """A manifest's {layer: Choice} (its "tactics", or one profile's entry of "profile_tactics"), checked."""
+    if not isinstance(raw, dict):
+        raise PlanError(f"{path}: manifest's tactics are not a mapping of layer name to choice; rebuild the plan")
+    tactics = {str(k): Choice.from_json(v) for k, v in raw.items()}
+    unknown = set(tactics) - {layer.name for layer in network.layers}
+    if unknown:
+        raise PlanError(f"{path}: manifest has tactics for layers it does not have "
+                        f"({printable(sorted(unknown)[:3])}); rebuild the plan")
+    return tactics
+
+
+def feeds_str(shapes: dict) -> str:
+    return ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
 
 
 def _checked_once(engine: Engine, step: int, layer, source: str) -> Kernel:

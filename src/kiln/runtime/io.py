@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -87,10 +88,32 @@ def _check_profiles(shapes: dict[str, tuple], profiles: tuple[Profile, ...]) -> 
     for index, p in enumerate(profiles):
         if all(r.contains(shapes[n]) for n, r in p.items() if n in shapes):
             return index
+    raise outside_profiles(shapes, profiles)
+
+
+def outside_profiles(shapes: dict[str, tuple], profiles: tuple[Profile, ...]) -> InputError:
+    """The error for input `shapes` that fit none of `profiles`, naming every profile's range."""
     ranges = "; ".join(f"profile {i}: " + ", ".join(f"{n} {r}" for n, r in p.items()) for i, p in enumerate(profiles))
     got = ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in shapes.items())
-    raise InputError(f"input shapes ({got}) are outside every optimization profile ({ranges}); "
-                     "rebuild with --min-shapes/--max-shapes covering them")
+    return InputError(f"input shapes ({got}) are outside every optimization profile ({ranges}); "
+                      "rebuild with --profile (or --min-shapes/--max-shapes) covering them")
+
+
+def select_profile(shapes: dict[str, tuple], profiles: tuple[Profile, ...]) -> int:
+    """The profile whose ranges hold `shapes` (inputs a profile does not name are not checked); of several, the
+    one whose opt shapes are nearest (least summed |log ratio| per dimension), the lowest index on ties.
+    0 when there are no profiles; an InputError naming every profile's range when none holds them."""
+    if not profiles:
+        return 0
+
+    def distance(p: Profile) -> float:
+        return sum(abs(math.log((d + 1) / (o + 1))) for n, r in p.items() if n in shapes
+                   for d, o in zip(shapes[n], r.opt))
+
+    fits = [k for k, p in enumerate(profiles) if all(r.contains(shapes[n]) for n, r in p.items() if n in shapes)]
+    if not fits:
+        raise outside_profiles(shapes, profiles)
+    return min(fits, key=lambda k: (distance(profiles[k]), k))
 
 
 def index_bounds(net: Network) -> dict[str, tuple[int, str]]:
@@ -158,3 +181,37 @@ def fetch(value: Any) -> Any:
     host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
     host.copy_(value, non_blocking=True)
     return host
+
+
+def check_bound(outputs: Mapping[str, Any] | None, names: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+    """Preallocated output tensors, checked: each names an engine output and is a tensor on the engine's device."""
+    if outputs is None:
+        return {}
+    if not isinstance(outputs, Mapping):
+        raise InputError(f"outputs must be a dict of output name → preallocated tensor, got {type(outputs).__name__}")
+    for name, buf in outputs.items():
+        if name not in names:
+            raise InputError(f"outputs names {name!r}, which is not an output of this engine; its outputs are {names}")
+        if not isinstance(buf, torch.Tensor) or not same_device(buf.device, torch.device(device)):
+            raise InputError(f"output {name!r}: bind a torch tensor on {device}, got "
+                             f"{buf.device if isinstance(buf, torch.Tensor) else type(buf).__name__}")
+    return dict(outputs)
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one ("cuda" is the current CUDA device)."""
+    index = lambda d: d.index if d.index is not None or d.type != "cuda" else torch.cuda.current_device()  # noqa: E731
+    return a.type == b.type and index(a) == index(b)
+
+
+def bind_outputs(result: dict[str, Any], bound: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """`result` with the bound outputs written into their preallocated tensors (which must match exactly)."""
+    for name, buf in bound.items():
+        value = result[name]
+        if not isinstance(value, torch.Tensor) or value.shape != buf.shape or value.dtype != buf.dtype:
+            got = f"{value.dtype}{list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise InputError(f"output {name!r} is {got} for these inputs, but the tensor bound to it is "
+                             f"{buf.dtype}{list(buf.shape)}; bind a tensor of that dtype and shape")
+        buf.copy_(value)
+        result[name] = buf
+    return result

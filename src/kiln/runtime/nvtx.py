@@ -23,12 +23,14 @@ def label(layer: Layer) -> str:
 
 
 def ranged_kernels(engine, push: Callable[[str], object] | None = None,
-                   pop: Callable[[], object] | None = None) -> list[Kernel]:
-    """One kernel per layer of `engine`, each calling the engine's current kernel for that step inside an NVTX range
-    named by `label` (`push` / `pop`: torch.cuda.nvtx's range_push / range_pop unless given)."""
+                   pop: Callable[[], object] | None = None, kernels: list[Kernel] | None = None) -> list[Kernel]:
+    """One kernel per layer of `engine`, each calling the current kernel for that step in `kernels` (the engine's
+    unless given) inside an NVTX range named by `label` (`push` / `pop`: torch.cuda.nvtx's range_push / range_pop
+    unless given)."""
     push = push or torch.cuda.nvtx.range_push
     pop = pop or torch.cuda.nvtx.range_pop
-    return [_ranged(engine.kernels, step, label(layer), push, pop) for step, layer in enumerate(engine.network.layers)]
+    kernels = engine.kernels if kernels is None else kernels
+    return [_ranged(kernels, step, label(layer), push, pop) for step, layer in enumerate(engine.network.layers)]
 
 
 def _ranged(kernels: list[Kernel], step: int, name: str, push, pop) -> Kernel:
