@@ -142,6 +142,7 @@ def bench_shape(spec: Spec, shape: Shape, model: dict, args, budget: Budget) -> 
     ctx = model["ctx"]
     row["kiln_dynamic"] = guarded("kiln dynamic", lambda: first_then_median(lambda: ctx.run(feeds), args.repeats,
                                                                              dyn_out))
+    row["kiln_dynamic"]["eager_reasons"] = sorted(set(ctx.eager_reasons.values()))  # signatures run without a graph
     budget.log(f"{where}: kiln dynamic {_brief(row['kiln_dynamic'])}; building the static engine")
     row["kiln_static"] = guarded("kiln static", lambda: bench_static(model["path"], feeds, args, static_out))
     budget.log(f"{where}: kiln static {_brief(row['kiln_static'])}")
@@ -177,7 +178,8 @@ def setup_model(spec: Spec, args, budget: Budget, info: dict) -> dict:
     budget.log(f"{spec.name}: exported ({path.name}); building the dynamic engine")
     engine = kiln.build(path, _config(args, (profile(spec),)))
     info |= {"dynamic_build_seconds": engine.build_info["build_seconds"],
-             "dynamic_timing_cache": engine.build_info.get("timing_cache")}
+             "dynamic_timing_cache": engine.build_info.get("timing_cache"), "dynamic_tactics": engine.tactic_summary(),
+             "dynamic_warm_up_seconds": engine.build_info.get("warm_up_seconds")}
     budget.log(f"{spec.name}: dynamic engine built in {info['dynamic_build_seconds']:.1f} s")
     model = {"path": path, "engine": engine, "ctx": engine.create_context()}
     if not args.skip_peers:
