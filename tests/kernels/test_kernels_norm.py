@@ -172,3 +172,21 @@ def test_add_layernorm_supports_reasons():
     tactic = registry.get("triton_add_layernorm")
     assert "shapes differ" in tactic.supports(_spec("AddLayerNorm", LN, [x, torch.randn(1, 4, 6), w])[0], CPU)
     assert "last dim" in tactic.supports(_spec("AddLayerNorm", {**LN, "axis": 1}, [x, x, torch.randn(4, 6)])[0], CPU)
+
+
+def test_add_layernorm_takes_symbolic_rows_and_runs_at_any_row_count():
+    """A dynamic engine's AddLayerNorm ([batch, seq, 64]) compiles once and runs at every batch and sequence."""
+    w, b = torch.randn(64), torch.randn(64)
+    x = torch.randn(2, 3, 64)
+    spec, _ = _spec("AddLayerNorm", LN, [x, x, w, b], consts={2, 3})
+    sym = ValueSpec(DType.FLOAT32, ("batch", "seq", 64))
+    spec = LayerSpec("l", "AddLayerNorm", LN, (sym, sym, *spec.inputs[2:]), (sym, ValueSpec(None, None)))
+    tactic = registry.get("triton_add_layernorm")
+    assert tactic.supports(spec, CPU) is None
+    kernel = tactic.compile(spec, tactic.configs(spec, CPU, 3)[0], CPU)
+    for shape in [(1, 1, 64), (3, 7, 64)]:
+        a, r = torch.randn(shape), torch.randn(shape)
+        _check(kernel([a, r, w, b])[0], run_reference("AddLayerNorm", [a, r, w, b], LN)[0])
+    other = ValueSpec(DType.FLOAT32, ("batch", "other", 64))
+    assert "shapes differ" in tactic.supports(LayerSpec("l", "AddLayerNorm", LN, (sym, other, *spec.inputs[2:]),
+                                                        spec.outputs), CPU)

@@ -70,10 +70,11 @@ def _compile_softmax(spec: LayerSpec, config, device):
 
 
 def _supports_add_ln(spec: LayerSpec, device) -> str | None:
-    """AddLayerNorm: A and B of one static shape, rows that fit one block, LayerNorm's own conditions."""
+    """AddLayerNorm: A and B of one shape (leading dims may be symbolic: the grid is their row count at run time),
+    rows that fit one block, LayerNorm's own conditions."""
     a, b = spec.inputs[:2]
-    if a is None or b is None or not a.static or a.shape != b.shape:
-        return "A and B shapes differ or are not static"
+    if a is None or b is None or a.shape is None or a.shape != b.shape:
+        return "A and B shapes differ or are unknown"
     if rank(a) and isinstance(a.shape[-1], int) and a.shape[-1] > MAX_ROW_BLOCK:
         return f"rows wider than {MAX_ROW_BLOCK} values"
     ln = LayerSpec(spec.name, "LayerNormalization", {k: v for k, v in spec.attrs.items() if not k.startswith("q_")},
