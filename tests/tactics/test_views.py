@@ -68,9 +68,24 @@ def test_refusals():
     assert "negative step" in registry.get("view_slice").supports(spec, CPU)
     spec, _, _ = _spec("Gather", x, [_i64(0, 1)], {"axis": 0})
     assert "one constant integer" in registry.get("view_gather").supports(spec, CPU)
-    spec, _, _ = _spec("Transpose", x, [], {})
-    dyn = LayerSpec("l", "Transpose", {}, (ValueSpec(DType.FLOAT32, ("b", 3, 4)),), spec.outputs)
-    assert "not static" in registry.get("view_transpose").supports(dyn, CPU)
+    spec, _, _ = _spec("Reshape", x, [_i64(6, 4)], {})
+    dyn = LayerSpec("l", "Reshape", {}, (ValueSpec(DType.FLOAT32, ("b", 3, 4)), spec.inputs[1]), spec.outputs)
+    assert "not static" in registry.get("view_reshape").supports(dyn, CPU)
+    unknown = LayerSpec("l", "Transpose", {}, (ValueSpec(DType.FLOAT32, None),), (ValueSpec(DType.FLOAT32, None),))
+    assert "rank unknown" in registry.get("view_transpose").supports(unknown, CPU)
+
+
+def test_transpose_is_a_view_at_symbolic_shapes():
+    """A dynamic engine's head split / merge: one compiled permutation, a view at every batch and sequence."""
+    sym = ValueSpec(DType.FLOAT32, ("b", "s", 2, 4))
+    spec = LayerSpec("l", "Transpose", {"perm": [0, 2, 1, 3]}, (sym,), (ValueSpec(DType.FLOAT32, ("b", 2, "s", 4)),))
+    tactic = registry.get("view_transpose")
+    assert tactic.supports(spec, CPU) is None
+    kernel = tactic.compile(spec, {}, CPU)
+    for shape in [(1, 1, 2, 4), (3, 5, 2, 4)]:
+        x = torch.randn(shape)
+        got = kernel([x])[0]
+        assert torch.equal(got, x.permute(0, 2, 1, 3)) and got.data_ptr() == x.data_ptr()
 
 
 def test_autotuner_takes_views_untimed():

@@ -16,10 +16,11 @@ from kiln.tactics.spec import LayerSpec
 _PLAIN = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
-def _plain(spec: LayerSpec) -> str | None:
+def _plain(spec: LayerSpec, static: bool = True) -> str | None:
+    """Why the layer is not a plain-dtype tensor layer with static shapes (with `static=False`: of known rank)."""
     x, y = spec.inputs[0], spec.outputs[0]
-    if x is None or not x.static or not y.static:
-        return "input or output shape not static"
+    if x is None or x.shape is None or y.shape is None or static and (not x.static or not y.static):
+        return "input or output shape not static" if static else "input or output rank unknown"
     if x.dtype is None or x.dtype.value not in _PLAIN or y.dtype != x.dtype:
         return f"dtype {x.dtype} is not a plain tensor dtype"
     return None
@@ -48,7 +49,8 @@ def _compile_reshape(spec: LayerSpec, config, device):
 
 
 def _supports_transpose(spec: LayerSpec, device) -> str | None:
-    return _plain(spec)
+    """A permutation is a view at any shape: symbolic dims too (a dynamic engine's head split and merge)."""
+    return _plain(spec, static=False)
 
 
 def _compile_transpose(spec: LayerSpec, config, device):
