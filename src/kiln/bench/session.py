@@ -19,6 +19,7 @@ from kiln.bench.stats import DEFAULT_PERCENTILES
 from kiln.errors import ConfigError
 from kiln.kinds.interpret import to_device
 from kiln.runtime.context import ExecutionContext
+from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS
 from kiln.runtime.io import as_torch
 from kiln.util.timing import (DEFAULT_DURATION_S, DEFAULT_ITERATIONS, MAX_ITERATIONS, check_stopping,
                                sleep_cycles_per_ms)
@@ -38,12 +39,15 @@ class BenchOptions:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     hide_launch_gaps: bool = True        # keep the GPU busy while the host enqueues, so events time GPU work only
     nvtx: bool = False                   # an NVTX range per layer (CUDA; layers run eagerly, no graph replay)
+    max_cuda_graphs: int = DEFAULT_MAX_GRAPHS  # input signatures each context keeps a captured graph for
 
     def checked(self) -> "BenchOptions":
         """The options with the default stopping rule filled in; a bad value is a ConfigError."""
         check_stopping(self.iterations, self.duration, self.warmup)
         if not 1 <= self.streams <= 64:
             raise ConfigError(f"--streams must be between 1 and 64, got {self.streams}")
+        if not 0 <= self.max_cuda_graphs <= 100_000:
+            raise ConfigError(f"--max-cuda-graphs must be between 0 and 100000, got {self.max_cuda_graphs}")
         if self.iterations is None and self.duration is None:
             return replace(self, iterations=DEFAULT_ITERATIONS, duration=DEFAULT_DURATION_S)
         return self
@@ -68,7 +72,8 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
         dev = engine.device.torch_device
         feeds = {k: to_device(as_torch(k, v)[0], dev) for k, v in feeds.items()}
     cuda = engine.device.backend == "cuda"
-    contexts = [ExecutionContext(engine, cuda_graph=opts.cuda_graph, nvtx=opts.nvtx and cuda)
+    contexts = [ExecutionContext(engine, cuda_graph=opts.cuda_graph, nvtx=opts.nvtx and cuda,
+                                 max_cuda_graphs=opts.max_cuda_graphs)
                 for _ in range(opts.streams)]
     cycles_per_ms = sleep_cycles_per_ms() if cuda and opts.hide_launch_gaps else None
     clock = _Clock(opts.duration)

@@ -99,6 +99,9 @@ def bench(
                           "throughput is their aggregate.")] = 1,
     cuda_graph: Annotated[Optional[bool], typer.Option(
         "--cuda-graph/--no-cuda-graph", help="Replay a captured CUDA graph per query \\[default: as built].")] = None,
+    max_cuda_graphs: Annotated[int, typer.Option(
+        "--max-cuda-graphs", help="Input signatures each context keeps a captured CUDA graph for (least recently "
+                                  "used dropped first; 0: none).")] = 32,
     no_data_transfers: Annotated[bool, typer.Option(
         "--no-data-transfers", help="Inputs already on the device, outputs left there: time the engine alone.")
                                  ] = False,
@@ -166,7 +169,7 @@ def bench(
     if batch is not None and batch < 1:
         raise ConfigError(f"--batch must be at least 1, got {batch}")
     options = BenchOptions(iterations, duration, warmup, streams, cuda_graph, not no_data_transfers, spin_wait,
-                           parse_percentiles(percentiles), nvtx=nvtx).checked()
+                           parse_percentiles(percentiles), nvtx=nvtx, max_cuda_graphs=max_cuda_graphs).checked()
     check_outputs(export_times, export, plot, force)
     flags = dict(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes,
                  max_shapes=max_shapes, profile=profile, timing_cache=timing_cache, opt_level=opt_level,
