@@ -98,7 +98,10 @@ def refine_shapes(net: Network, profiles, device: str) -> int:
         return 0
     points = [{n: (net.tensors[n].shape if net.tensors[n].is_static else point[n]) for n in net.inputs}
               for point in probe_points(profiles)]
-    seen = [observe_shapes(net, device, point) for point in points]
+    try:
+        seen = [observe_shapes(net, device, point) for point in points]
+    except (RuntimeError, MemoryError):  # a profile too large to run here: the shapes stay as inference gave them
+        return 0
     symbol: dict[tuple, str] = {}  # the values an input's symbolic dim takes at the probe points → its name
     for n in dynamic:
         for i, d in enumerate(net.tensors[n].shape):
