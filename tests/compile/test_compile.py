@@ -179,3 +179,55 @@ def test_torch_compile_backend_falls_back_to_torch_with_a_warning(monkeypatch):
             got = cm(x)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(cm(x), want, rtol=1e-4, atol=1e-5)  # the fallback is remembered
+
+
+class SmallMLP(torch.nn.Module):
+    """Reads its batch size in the forward (a view): dynamo passes it as a SymInt argument once it goes dynamic."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).view(x.shape[0], 2, 2)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return SmallMLP().eval()
+
+
+@pytest.mark.parametrize("make, shape", [(_cnn, (3, 16, 16)), (_mlp, (6,))], ids=["cnn", "mlp"])
+def test_torch_compile_backend_builds_one_dynamic_engine_once_dynamo_goes_dynamic(count_builds, make, shape):
+    torch._dynamo.reset()
+    m = make()
+    cm = torch.compile(m, backend="kiln", options={"device": "cpu"})
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", kiln.compile.backend.KilnFallbackWarning)
+        for b in (2, 3, 5):
+            x = torch.randn(b, *shape)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    # batch 2: dynamo's first, static graph (a static engine); batch 3: dynamo recompiles with a symbolic batch,
+    # which gets one dynamic engine (min 1, opt the example's 3, max DYNAMIC_MAX or the bound dynamo's guards put
+    # on the size: the CNN's convolutions guard batch < 16), that batch 5 reuses
+    assert len(count_builds) == 2
+    (static,), (dynamic,) = count_builds[0].profiles, count_builds[1].profiles
+    assert [(p.min[0], p.opt[0], p.max[0]) for p in static.values()] == [(2, 2, 2)]
+    ((lo, opt, hi),) = [(p.min[0], p.opt[0], p.max[0]) for p in dynamic.values()]
+    assert (lo, opt) == (1, 3) and 5 <= hi <= kiln.compile.backend.DYNAMIC_MAX
+    assert make is _cnn or hi == kiln.compile.backend.DYNAMIC_MAX
+
+
+def test_torch_compile_backend_widens_a_dynamic_profile_a_size_leaves(count_builds):
+    torch._dynamo.reset()
+    m = _mlp()
+    cm = torch.compile(m, backend="kiln", options={"device": "cpu"})
+    big = kiln.compile.backend.DYNAMIC_MAX + 6
+    with torch.no_grad():
+        for b in (2, 3, big, 7):
+            x = torch.randn(b, 6)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    assert len(count_builds) == 3  # static b2, dynamic b3, the dynamic one rebuilt wider for `big`; 7 reuses it
+    (wide,) = count_builds[2].profiles
+    assert [(p.min[0], p.max[0]) for p in wide.values()] == [(1, 2 * big)]

@@ -20,7 +20,7 @@ from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Cal
 from kiln.cli.options import Nvtx
 from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, key_values, print_json, status, stdout
-from kiln.cli.profile import PROFILE, ExportProfile, export_profile, print_profile
+from kiln.cli.profile import PROFILE, ExportProfile, build_flags, export_profile, print_profile
 from kiln.errors import ConfigError
 from kiln.util import files
 
@@ -158,6 +158,7 @@ def bench(
 ) -> None:
     """Time an engine on given or random inputs: latency, its phases, throughput; warnings when the numbers
     mislead. An .onnx model is built first, with the build flags `kiln build` takes."""
+    flags = build_flags(locals())
     load_plugins(plugin)
     from kiln.bench.plot import plot_bench
     from kiln.bench.profile import profile_layers
@@ -171,11 +172,6 @@ def bench(
     options = BenchOptions(iterations, duration, warmup, streams, cuda_graph, not no_data_transfers, spin_wait,
                            parse_percentiles(percentiles), nvtx=nvtx, max_cuda_graphs=max_cuda_graphs).checked()
     check_outputs(export_times, export, plot, force)
-    flags = dict(fp16=fp16, bf16=bf16, int8=int8, fp8=fp8, tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes,
-                 max_shapes=max_shapes, profile=profile, timing_cache=timing_cache, opt_level=opt_level,
-                 layer_precision=layer_precision, keep_io_precision=keep_io_precision, memory_pool=memory_pool,
-                 hardware_compat=hardware_compat, calib=calib, calibrator=calibrator, calib_cache=calib_cache,
-                 calib_batch=calib_batch, calib_percentile=calib_percentile, accuracy=accuracy, validation=validation)
     engine, feeds, resolved = engine_and_feeds(model, inputs, shape_map, batch, device, policy, verify_key, seed,
                                                flags, cuda_graph is not False)
     first = next(iter(resolved.values()), ())

@@ -1,14 +1,16 @@
-"""`kiln serve MODEL_REPOSITORY`: a KServe v2 / Triton-compatible inference server (HTTP and gRPC in one loop)."""
+"""`kiln serve MODEL_REPOSITORY`: a KServe v2 / Triton-compatible inference server (HTTP and gRPC in one loop), or
+with `--ray` the same HTTP routes deployed on Ray Serve (kiln.serve.ray_app) over several replicas."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from kiln.cli.errors import command
 from kiln.cli.options import Device, Policy, Verbose
+from kiln.serve.ray_app import DEFAULT_TARGET_ONGOING  # a constant: kiln.serve.ray_app imports Ray only when used
 
 GRACE_S = 30.0
 
@@ -37,6 +39,21 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1,
                                                 help="Largest HTTP request body (and gRPC message) accepted.")]
     = 64 << 20,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Scale out with Ray Serve: replicas that each load every model serve the v2 HTTP routes on "
+                      "--http-port through Ray's proxy (HTTP only: no gRPC nor --metrics-port; each reply names its "
+                      "replica in a Kiln-Replica header). One GPU per replica on cuda, one CPU otherwise. Needs "
+                      "pip install 'ray\\[serve]'.")] = False,
+    replicas: Annotated[Optional[int], typer.Option(
+        "--replicas", min=1, help="With --ray: this many replicas (default 1).", show_default=False)] = None,
+    autoscale: Annotated[Optional[str], typer.Option(
+        "--autoscale", metavar="MIN:MAX", help="With --ray: autoscale between MIN and MAX replicas on the requests "
+                                               f"in flight per replica (target {DEFAULT_TARGET_ONGOING:g}).",
+        show_default=False)] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="ADDR", help="With --ray: join the Ray cluster at ADDR (host:6379 from `ray start "
+                                              "--head`, or auto) instead of starting a local one; on exit only "
+                                              "kiln's application is deleted.", show_default=False)] = None,
     verbose: Verbose = False,
 ) -> None:
     """Serve every model of MODEL_REPOSITORY over the KServe v2 protocol (tritonclient works as is) until SIGINT or
@@ -47,6 +64,15 @@ def serve(
 
     if not repository.is_dir():
         raise ConfigError(f"model repository {repository} is not a folder")
+    if not ray:
+        for flag, value in (("--replicas", replicas), ("--autoscale", autoscale), ("--ray-address", ray_address)):
+            if value is not None:
+                raise ConfigError(f"{flag} needs --ray")
+    if ray:
+        if http_port < 0:
+            raise ConfigError("--ray serves HTTP only: --http-port -1 leaves nothing to serve")
+        _serve_ray(repository, host, http_port, device, policy, max_body_bytes, replicas, autoscale, ray_address)
+        return
     if http_port < 0 and grpc_port < 0:
         raise ConfigError("--http-port -1 and --grpc-port -1 leave nothing to serve")
     asyncio.run(_serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes))
@@ -160,4 +186,66 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         await _maybe_await(repo.close())
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    say("stopped")
+
+
+def _parse_autoscale(spec: str) -> tuple[int, int]:
+    """`"1:4"` → (1, 4); ConfigError for anything but MIN:MAX with 0 <= MIN <= MAX and MAX >= 1."""
+    from kiln.errors import ConfigError
+
+    lo, sep, hi = spec.partition(":")
+    if not sep or not lo.strip().isdigit() or not hi.strip().isdigit():
+        raise ConfigError(f"--autoscale {spec!r} is not MIN:MAX; write e.g. --autoscale 1:4")
+    a, b = int(lo), int(hi)
+    if b < 1 or a > b:
+        raise ConfigError(f"--autoscale {spec!r}: need MIN <= MAX and MAX >= 1")
+    return a, b
+
+
+def _serve_ray(root: Path, host: str, http_port: int, device: str, policy: str, max_body_bytes: int,
+               replicas: int | None, autoscale: str | None, address: str | None) -> None:
+    """`kiln serve --ray`: deploy on Ray Serve, block until SIGINT / SIGTERM, then shut Ray Serve down."""
+    import signal
+    import threading
+
+    from kiln.errors import ConfigError
+    from kiln.serve import ray_app
+
+    if replicas is not None and autoscale is not None:
+        raise ConfigError("give --replicas or --autoscale, not both")
+    scale: dict = {"num_replicas": replicas}
+    if autoscale is not None:
+        lo, hi = _parse_autoscale(autoscale)
+        scale = {"min_replicas": lo, "max_replicas": hi}
+    ray_app.import_ray()  # the missing-install error before anything starts
+
+    def say(message: str) -> None:
+        typer.echo(f"kiln serve: {message}", err=True)
+
+    stop = threading.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
+    try:
+        say(f"starting Ray Serve ({f'cluster at {address}' if address else 'a local Ray cluster'})")
+        serving = ray_app.start(root, host=host, port=http_port, address=address, device=device, policy=policy,
+                                max_body_bytes=max_body_bytes, **scale)
+        try:
+            for sig in signals:  # ray.init put its own (crash-report) SIGTERM handler in place of ours
+                signal.signal(sig, lambda *_: stop.set())
+            for m in serving.index:
+                state = m.get("state")
+                reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
+                say(f"model {m.get('name')} version {m.get('version')}: {state}{reason}")
+            how = (f"autoscaling {scale['min_replicas']}..{scale['max_replicas']} replicas" if autoscale is not None
+                   else f"{replicas or 1} replica{'s' if (replicas or 1) > 1 else ''}")
+            say(f"Ray Serve, {how}; gRPC and --metrics-port are off under --ray")
+            say(f"HTTP on http://{serving.url}")
+            while not stop.wait(0.5):
+                pass
+            say("shutting down Ray Serve: finishing the requests in flight")
+        finally:
+            serving.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     say("stopped")

@@ -1,4 +1,5 @@
-"""The dynamic batcher: queues requests, merges those of equal non-batch dims, runs them on worker threads."""
+"""The dynamic batcher: queues requests, merges those of equal non-batch dims (or, with a padding config, of dims
+that differ only along the padded axis), runs them on worker threads."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class BatchRecord:
 
 @dataclass(eq=False)
 class Request:
-    """One queued request: its inputs, row count (batch dim), merge key and the future that answers it."""
+    """One queued request: its inputs, row count (batch dim), merge key, the future that answers it and, with
+    padding, its length along the padded axis."""
 
     inputs: dict[str, np.ndarray]
     rows: int
@@ -38,6 +40,7 @@ class Request:
     future: asyncio.Future
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     timer: asyncio.TimerHandle | None = None
+    length: int | None = None
 
 
 @dataclass(eq=False)
@@ -53,7 +56,12 @@ class _LoopState:
 @dataclass(eq=False)
 class DynamicBatcher:
     """Merges queued requests up to `max_batch_size` rows (0: never merges) and runs them on `instance_count`
-    execution contexts, each used by one engine call at a time on a worker thread."""
+    execution contexts, each used by one engine call at a time on a worker thread.
+
+    `padding` (a config.Padding: axis, inputs → pad value, outputs) also merges requests whose listed inputs differ
+    only along `axis`: each is right-padded to the batch's longest, and the listed outputs are sliced back to each
+    request's own length. `padding_limits`: the (rows, padded length) boxes the engine's profiles admit; a batch is
+    only grown while it fits one of them (none given: max_batch_size alone bounds it)."""
 
     engine: object
     max_batch_size: int = 0
@@ -64,6 +72,8 @@ class DynamicBatcher:
     instance_count: int = 1
     on_batch: Callable[[BatchRecord], None] | None = None
     name: str = "model"
+    padding: object | None = None
+    padding_limits: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self):
         self._contexts: queue.SimpleQueue = queue.SimpleQueue()
@@ -87,9 +97,8 @@ class DynamicBatcher:
         if self.max_queue_size and len(state.pending) >= self.max_queue_size:
             raise QueueFull(f"model {self.name!r}: the queue is full ({self.max_queue_size} requests waiting); "
                             "retry later", http_status=self.reject_status)
-        key = tuple(sorted((k, v.dtype.str, v.shape[1:] if self.max_batch_size else v.shape)
-                           for k, v in inputs.items()))
-        req = Request(inputs, rows, key, state.loop.create_future())
+        key, length = self._key(inputs)
+        req = Request(inputs, rows, key, state.loop.create_future(), length=length)
         if timeout_s:
             req.timer = state.loop.call_later(timeout_s, self._expire, state, req, timeout_s)
         req.future.add_done_callback(lambda _f: self._forget(state, req))
@@ -123,6 +132,30 @@ class DynamicBatcher:
             return asyncio.ensure_future(self.close())
         closing = asyncio.run_coroutine_threadsafe(self.close(), state.loop)  # from another thread (a load in a worker)
         return asyncio.wrap_future(closing) if running else None
+
+    def _key(self, inputs: dict[str, np.ndarray]) -> tuple[tuple, int | None]:
+        """(merge key, length along the padded axis): requests with equal keys may share a batch."""
+        pad = self.padding if self.max_batch_size else None
+        if pad is None:
+            return tuple(sorted((k, v.dtype.str, v.shape[1:] if self.max_batch_size else v.shape)
+                                for k, v in inputs.items())), None
+        key, lengths = [], set()
+        for k, v in inputs.items():
+            dims = v.shape[1:]
+            if k in pad.inputs and v.ndim > pad.axis:
+                lengths.add(v.shape[pad.axis])
+                dims = (*v.shape[1:pad.axis], -1, *v.shape[pad.axis + 1:])
+            key.append((k, v.dtype.str, dims))
+        if len(lengths) > 1:
+            raise BadRequest(f"model {self.name!r}: the padded inputs {sorted(pad.inputs)} have different lengths "
+                             f"{sorted(lengths)} along axis {pad.axis}; they must agree")
+        return tuple(sorted(key)), (lengths.pop() if lengths else None)
+
+    def _fits(self, rows: int, length: int | None) -> bool:
+        """Whether a padded batch of `rows` rows and `length` along the padded axis fits one engine profile."""
+        if length is None or not self.padding_limits:
+            return True
+        return any(rows <= r and length <= n for r, n in self.padding_limits)
 
     def _bind(self) -> _LoopState:
         """The state for the running loop, with `instance_count` workers started on first use."""
@@ -184,11 +217,15 @@ class DynamicBatcher:
         """The head and, in arrival order, queued requests with its key that fit within max_batch_size."""
         if self.max_batch_size == 0:
             return [head]
-        group, rows = [], 0
+        group, rows, length = [head], head.rows, head.length
         for r in state.pending:
-            if r.key == head.key and rows + r.rows <= self.max_batch_size:
-                group.append(r)
-                rows += r.rows
+            if r is head or r.key != head.key or rows + r.rows > self.max_batch_size:
+                continue
+            longest = length if r.length is None else max(length, r.length)
+            if not self._fits(rows + r.rows, longest):
+                continue  # padding this one in would leave every profile: a later batch takes it
+            group.append(r)
+            rows, length = rows + r.rows, longest
         return group
 
     def _preferred(self, group: list[Request]) -> list[Request]:
@@ -210,11 +247,12 @@ class DynamicBatcher:
         start = time.perf_counter_ns()
         queue_ns = [start - r.enqueued_ns for r in live]
         try:
-            feeds = {k: (np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k])
-                     for k in live[0].inputs}
+            padded = self._padded_length(live)
+            feeds = {k: (np.concatenate([self._pad(k, r.inputs[k], padded) for r in live]) if len(live) > 1
+                         else live[0].inputs[k]) for k in live[0].inputs}
             outputs = await state.loop.run_in_executor(self._executor, self._execute, feeds)
             rows = sum(r.rows for r in live)
-            answers = self._split(live, outputs, rows) if self.max_batch_size else [outputs]
+            answers = self._split(live, outputs, rows, padded) if self.max_batch_size else [outputs]
         except Exception as e:  # every request of the batch gets exactly one answer
             self._report(BatchRecord(sum(r.rows for r in live), len(live), time.perf_counter_ns() - start,
                                      queue_ns, False))
@@ -236,15 +274,44 @@ class DynamicBatcher:
         finally:
             self._contexts.put(ctx)
 
-    def _split(self, live: list[Request], outputs: dict, rows: int) -> list[dict]:
-        """Each request's rows of every output."""
+    def _padded_length(self, live: list[Request]) -> int | None:
+        """The length the batch's padded inputs are padded to; None when no request needs padding."""
+        lengths = {r.length for r in live if r.length is not None}
+        return max(lengths) if len(lengths) > 1 else None
+
+    def _pad(self, name: str, array: np.ndarray, length: int | None) -> np.ndarray:
+        """`array` (input `name`) right-padded along the padding axis to `length` with the input's pad value."""
+        pad = self.padding
+        if length is None or name not in pad.inputs or array.shape[pad.axis] == length:
+            return array
+        shape = list(array.shape)
+        shape[pad.axis] = length
+        out = np.full(shape, pad.inputs[name], dtype=array.dtype)
+        out[(slice(None),) * pad.axis + (slice(0, array.shape[pad.axis]),)] = array
+        return out
+
+    def _split(self, live: list[Request], outputs: dict, rows: int, padded: int | None = None) -> list[dict]:
+        """Each request's rows of every output; after padding, the padding outputs cut back to its own length."""
         for k, v in outputs.items():
             if np.ndim(v) == 0 or v.shape[0] != rows:
                 raise InferenceFailed(f"model {self.name!r}: output {k!r} of shape {np.shape(v)} has no batch dim of "
                                       f"{rows}; set max_batch_size = 0 for this model")
+        cut = set(self.padding.outputs) & set(outputs) if padded is not None else set()
+        axis = self.padding.axis if cut else 0
+        for k in cut:
+            if outputs[k].ndim <= axis or outputs[k].shape[axis] != padded:
+                raise InferenceFailed(f"model {self.name!r}: output {k!r} of shape {list(outputs[k].shape)} does not "
+                                      f"follow the padded length {padded} along axis {axis}; remove it from "
+                                      "[dynamic_batching.padding] outputs")
         answers, at = [], 0
         for r in live:
-            answers.append({k: np.ascontiguousarray(v[at:at + r.rows]) for k, v in outputs.items()})
+            answer = {}
+            for k, v in outputs.items():
+                part = v[at:at + r.rows]
+                if k in cut:
+                    part = part[(slice(None),) * axis + (slice(0, r.length),)]
+                answer[k] = np.ascontiguousarray(part)
+            answers.append(answer)
             at += r.rows
         return answers
 

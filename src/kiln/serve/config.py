@@ -30,6 +30,17 @@ class TensorConfig:
 
 
 @dataclass
+class Padding:
+    """`[dynamic_batching.padding]`: requests whose `inputs` differ only along `axis` (0 is the batch dim) are merged,
+    each input right-padded to the longest with its pad value; `outputs` follow the padded length along `axis` and
+    are sliced back to each request's own length."""
+
+    axis: int
+    inputs: dict[str, int | float]
+    outputs: list[str] = field(default_factory=list)
+
+
+@dataclass
 class DynamicBatching:
     """Dynamic batcher settings (Triton's names); max_queue_size 0 = unbounded, timeout 0 = none."""
 
@@ -38,6 +49,33 @@ class DynamicBatching:
     max_queue_size: int = 0
     reject_status: int = 503
     default_timeout_microseconds: int = 0
+    padding: Padding | None = None
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Triton's version_policy: the `latest` N versions (default 1), `all` of them, or the `specific` ones."""
+
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions to serve out of the `available` version folders, ascending."""
+        ordered = sorted(set(available))
+        if self.kind == "all":
+            return ordered
+        if self.kind == "specific":
+            return sorted(set(self.versions))
+        return ordered[-self.num_versions:]
+
+    def to_json(self) -> dict:
+        """Triton's model-config form."""
+        if self.kind == "all":
+            return {"all": {}}
+        if self.kind == "specific":
+            return {"specific": {"versions": sorted(set(self.versions))}}
+        return {"latest": {"num_versions": self.num_versions}}
 
 
 @dataclass
@@ -53,6 +91,7 @@ class ModelConfig:
     instance_count: int = 1
     precision: str = "fp32"
     profiles: tuple = ()
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
 
     @classmethod
     def from_toml(cls, path: str | Path, model_path: str | Path) -> ModelConfig:
@@ -63,7 +102,7 @@ class ModelConfig:
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: cannot read the model config: {e}") from e
         known = {"name", "platform", "max_batch_size", "input", "output", "dynamic_batching", "instance_count",
-                 "instance_group", "precision", "profiles"}
+                 "instance_group", "precision", "profiles", "version_policy"}
         if unknown := sorted(set(raw) - known):
             raise ConfigError(f"{path}: unknown keys {unknown}; expected some of {sorted(known)}")
         name = raw.get("name", folder.name)
@@ -77,7 +116,8 @@ class ModelConfig:
                   input=[_tensor(t, path, "input") for t in raw.get("input", [])],
                   output=[_tensor(t, path, "output") for t in raw.get("output", [])],
                   dynamic_batching=None if db is None else _batching(db, path), instance_count=count,
-                  precision=raw.get("precision", "fp32"), profiles=_profiles(raw.get("profiles", []), path))
+                  precision=raw.get("precision", "fp32"), profiles=_profiles(raw.get("profiles", []), path),
+                  version_policy=_version_policy(raw.get("version_policy"), path, folder))
         cfg.check(path)
         return cfg
 
@@ -108,7 +148,10 @@ class ModelConfig:
         outs = [_from_engine(t, skip) for t in engine.outputs]
         _match(self.input, ins, self.name, "input")
         _match(self.output, outs, self.name, "output")
-        return replace(self, max_batch_size=mbs, input=self.input or ins, output=self.output or outs)
+        done = replace(self, max_batch_size=mbs, input=self.input or ins, output=self.output or outs)
+        if done.dynamic_batching is not None and done.dynamic_batching.padding is not None:
+            _check_padding(done, done.dynamic_batching.padding, ins, outs)
+        return done
 
     def check(self, where: object = "model config") -> None:
         """ConfigError for values out of range."""
@@ -130,7 +173,8 @@ class ModelConfig:
         out = {"name": self.name, "platform": self.platform, "backend": "kiln",
                "max_batch_size": self.max_batch_size or 0,
                "input": [t.to_json() for t in self.input], "output": [t.to_json() for t in self.output],
-               "instance_group": [{"count": self.instance_count, "kind": "KIND_AUTO"}]}
+               "instance_group": [{"count": self.instance_count, "kind": "KIND_AUTO"}],
+               "version_policy": self.version_policy.to_json()}
         if self.dynamic_batching is not None:
             db = self.dynamic_batching
             out["dynamic_batching"] = {"preferred_batch_size": list(db.preferred_batch_size),
@@ -149,10 +193,114 @@ def _tensor(raw: dict, path: Path, kind: str) -> TensorConfig:
 
 
 def _batching(raw: dict, path: Path) -> DynamicBatching:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: dynamic_batching must be a table ([dynamic_batching])")
+    raw = dict(raw)
+    padding = raw.pop("padding", None)
     try:
-        return DynamicBatching(**raw)
+        db = DynamicBatching(**raw)
     except TypeError as e:
         raise ConfigError(f"{path}: [dynamic_batching]: {e}") from e
+    db.padding = None if padding is None else _padding(padding, path)
+    return db
+
+
+def _padding(raw, path: Path) -> Padding:
+    """[dynamic_batching.padding] axis = 1, inputs = {name = pad value}, outputs = [names], checked for form."""
+    where = f"{path}: [dynamic_batching.padding]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table with axis, inputs and outputs")
+    if unknown := sorted(set(raw) - {"axis", "inputs", "outputs"}):
+        raise ConfigError(f"{where}: unknown keys {unknown}; expected axis, inputs, outputs")
+    axis = raw.get("axis")
+    if not _is_int(axis) or axis < 1:
+        raise ConfigError(f"{where}: axis must be an integer >= 1 (axis 0 is the batch dim), got {axis!r}")
+    inputs = raw.get("inputs")
+    if not isinstance(inputs, dict) or not inputs:
+        raise ConfigError(f"{where}: inputs must be a non-empty table of input name = pad value, "
+                          "e.g. inputs = {input_ids = 0, attention_mask = 0}")
+    for name, value in inputs.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: inputs.{name}: the pad value must be a number, got {value!r}")
+    outputs = raw.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise ConfigError(f"{where}: outputs must be a list of output names, got {outputs!r}")
+    if len(set(outputs)) != len(outputs):
+        raise ConfigError(f"{where}: outputs lists a name twice: {outputs}")
+    return Padding(axis, dict(inputs), list(outputs))
+
+
+def _check_padding(cfg: ModelConfig, pad: Padding, ins: list[TensorConfig], outs: list[TensorConfig]) -> None:
+    """ConfigError where the padding does not fit the engine: batched model, inputs and outputs with that axis
+    dynamic, pad values of the input's type."""
+    where = f"model {cfg.name!r}: [dynamic_batching.padding]"
+    if not cfg.max_batch_size:
+        raise ConfigError(f"{where} needs a batched model (max_batch_size > 0)")
+    given = {t.name: t for t in cfg.input}
+    engine_in, engine_out = {t.name: t for t in ins}, {t.name: t for t in outs}
+    for name, value in pad.inputs.items():
+        if name not in engine_in:
+            raise ConfigError(f"{where}: inputs.{name}: no such input; the model's inputs are {sorted(engine_in)}")
+        dims = engine_in[name].dims
+        if len(dims) < pad.axis or dims[pad.axis - 1] != -1 or given[name].dims[pad.axis - 1] != -1:
+            raise ConfigError(f"{where}: inputs.{name}: axis {pad.axis} must be a dynamic dim of the input, whose "
+                              f"shape is {[-1, *given[name].dims]}")
+        kind = np.dtype(V2_TO_NUMPY[engine_in[name].data_type]).kind
+        if kind in "iub" and float(value) != int(value):
+            raise ConfigError(f"{where}: inputs.{name}: pad value {value!r} is not a whole number, and the input is "
+                              f"{engine_in[name].data_type}")
+    for name in pad.outputs:
+        if name not in engine_out:
+            raise ConfigError(f"{where}: outputs: no output {name!r}; the model's outputs are {sorted(engine_out)}")
+        dims = engine_out[name].dims
+        if len(dims) < pad.axis or dims[pad.axis - 1] != -1:
+            raise ConfigError(f"{where}: outputs: axis {pad.axis} of output {name!r} (shape {[-1, *dims]}) is not "
+                              "dynamic, so it cannot follow the padded length")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def version_folders(folder: Path) -> dict[int, str]:
+    """The numeric version folders of a model: version → folder name."""
+    if not folder.is_dir():
+        return {}
+    return {int(p.name): p.name for p in folder.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()}
+
+
+def _version_policy(raw, path: Path, folder: Path) -> VersionPolicy:
+    """[version_policy] with exactly one of latest = {num_versions = N}, all = {}, specific = {versions = [...]}."""
+    if raw is None:
+        return VersionPolicy()
+    kinds = ("latest", "all", "specific")
+    if not isinstance(raw, dict) or len(raw) != 1:
+        got = sorted(raw) if isinstance(raw, dict) else repr(raw)
+        raise ConfigError(f"{path}: version_policy needs exactly one of {', '.join(kinds)}, got {got}")
+    (kind, body), = raw.items()
+    where = f"{path}: version_policy.{kind}"
+    if kind not in kinds:
+        raise ConfigError(f"{path}: version_policy: unknown policy {kind!r}; use one of {', '.join(kinds)}")
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where} must be a table, e.g. {kind} = {{}}")
+    allowed = {"latest": {"num_versions"}, "all": set(), "specific": {"versions"}}[kind]
+    if unknown := sorted(set(body) - allowed):
+        raise ConfigError(f"{where}: unknown keys {unknown}" + (f"; expected {sorted(allowed)}" if allowed else ""))
+    if kind == "latest":
+        n = body.get("num_versions", 1)
+        if not _is_int(n) or n < 1:
+            raise ConfigError(f"{where}.num_versions must be an integer >= 1, got {n!r}")
+        return VersionPolicy("latest", n)
+    if kind == "all":
+        return VersionPolicy("all")
+    versions = body.get("versions")
+    if not isinstance(versions, list) or not versions or not all(_is_int(v) and v >= 0 for v in versions):
+        raise ConfigError(f"{where}.versions must be a non-empty list of version numbers (integers), got {versions!r}")
+    present = version_folders(folder)
+    if missing := sorted(set(versions) - set(present)):
+        raise ConfigError(f"{where}.versions: version {missing[0]} has no folder {folder.name}/{missing[0]}/; the "
+                          f"model's versions are {sorted(present)}")
+    return VersionPolicy("specific", versions=tuple(sorted(set(versions))))
 
 
 def _profiles(raw: list, path: Path) -> tuple:

@@ -195,15 +195,8 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelStatistics(self, request, context):
-        if request.name:
-            models = [self._get(request.name, request.version)]
-        else:
-            models = []
-            for name in self.repo.names():
-                try:
-                    models.append(self.repo.get(name))
-                except (ModelNotFound, ModelNotReady):
-                    continue  # unloaded or failed: no statistics, as Triton
+        # a name without a version: every loaded version of it; no name: every loaded version of every model
+        models = self.repo.models(request.name or None, request.version or None)
         stats = [_message(service_pb2.ModelStatistics, m.statistics()) for m in models]
         return service_pb2.ModelStatisticsResponse(model_stats=stats)
 

@@ -308,8 +308,9 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
     async def model_config(name: str, version: str | None = None):
         return model(name, version).config.to_json()
 
-    async def model_stats(name: str, version: str | None = None):
-        return {"model_stats": [model(name, version).statistics()]}
+    async def model_stats(name: str, version: str | None = None):  # no version: every loaded one, as Triton
+        _check_name(name)
+        return {"model_stats": [m.statistics() for m in repo.models(name, version)]}
 
     async def infer(request: Request, name: str, version: str | None = None):
         served = model(name, version)
@@ -332,14 +333,8 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
         return Response(content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
 
     # statistics of every loaded model, registered before /v2/models/{name}, which would take "stats" as a name
-    async def all_stats():
-        stats = []
-        for n in repo.names():
-            try:
-                stats.append(repo.get(n).statistics())
-            except ServeError:  # not loaded: no statistics
-                continue
-        return {"model_stats": stats}
+    async def all_stats():  # every loaded version of every model; one not loaded has no statistics
+        return {"model_stats": [m.statistics() for m in repo.models()]}
 
     app.add_api_route("/v2/models/stats", all_stats, methods=["GET"])
     for suffix, fn in (("/ready", model_ready), ("", model_metadata), ("/config", model_config),

@@ -53,21 +53,24 @@ class ServedModel:
     engine: object
     metrics: Metrics = field(default_factory=Metrics)
     stats: Stats = field(default_factory=Stats)
+    versions: list[str] = field(default_factory=list)  # every loaded version of the model (set by the repository)
 
     def __post_init__(self):
         cfg, db = self.config, self.config.dynamic_batching
+        padding = db.padding if db is not None else None
         self.batcher = DynamicBatcher(
             self.engine, max_batch_size=cfg.max_batch_size or 0 if db is not None else 0,
             preferred_batch_size=list(db.preferred_batch_size) if db else [],
             max_queue_delay_s=db.max_queue_delay_microseconds / 1e6 if db else 0.0,
             max_queue_size=db.max_queue_size if db else 0, reject_status=db.reject_status if db else 503,
-            instance_count=cfg.instance_count, on_batch=self._on_batch, name=self.name)
+            instance_count=cfg.instance_count, on_batch=self._on_batch, name=self.name, padding=padding,
+            padding_limits=_padding_limits(self.engine, padding) if padding is not None else [])
         self._default_timeout_s = db.default_timeout_microseconds / 1e6 if db else 0.0
 
     def metadata(self) -> dict:
         """KServe v2 model metadata; shapes carry -1 for the batch dim of a batched model."""
         batch = [-1] if self.config.max_batch_size else []
-        return {"name": self.name, "versions": [self.version], "platform": self.config.platform,
+        return {"name": self.name, "versions": list(self.versions or [self.version]), "platform": self.config.platform,
                 "inputs": [{"name": t.name, "datatype": t.data_type, "shape": batch + list(t.dims)}
                            for t in self.config.input],
                 "outputs": [{"name": t.name, "datatype": t.data_type, "shape": batch + list(t.dims)}
@@ -153,3 +156,15 @@ class ServedModel:
         (self.stats.success if ok else self.stats.fail).add(time.perf_counter_ns() - start_ns)
         self.stats.last_inference_ms = int(time.time() * 1000)
         self.metrics.request(self.name, self.version, status)
+
+
+def _padding_limits(engine, padding) -> list[tuple[int, int]]:
+    """(most rows, longest padded length) of each engine profile covering the padded inputs: a padded batch must fit
+    one of them. Empty (no limit but max_batch_size) for an engine without profiles."""
+    limits = []
+    for profile in getattr(getattr(engine, "config", None), "profiles", ()) or ():
+        ranges = [r for r in profile.values() if len(r.max) > 0]
+        padded = [profile[n] for n in padding.inputs if n in profile and len(profile[n].max) > padding.axis]
+        if ranges and padded:
+            limits.append((min(r.max[0] for r in ranges), min(r.max[padding.axis] for r in padded)))
+    return limits

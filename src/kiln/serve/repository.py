@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.serve.config import DEFAULT_MAX_BATCH_SIZE, ModelConfig
+from kiln.serve.config import DEFAULT_MAX_BATCH_SIZE, ModelConfig, VersionPolicy, version_folders
 from kiln.serve.errors import BadRequest, ModelLoadError, ModelNotFound, ModelNotReady
 from kiln.serve.metrics import Metrics
 from kiln.serve.model import ServedModel
@@ -15,7 +15,8 @@ from kiln.serve.model import ServedModel
 
 @dataclass
 class Entry:
-    """A model's state in the repository: READY (with its ServedModel), LOADING or UNAVAILABLE (with a reason)."""
+    """A model version's state in the repository: READY (with its ServedModel), LOADING or UNAVAILABLE (with a
+    reason). A model whose config cannot be read has one entry for its newest version folder."""
 
     name: str
     version: str = ""
@@ -25,7 +26,8 @@ class Entry:
 
 
 class ModelRepository:
-    """Loads, serves and unloads the models under `root`; a model that fails to load never takes the others down."""
+    """Loads, serves and unloads the models under `root`, each at the versions its version_policy selects (default:
+    the newest); a model (or version) that fails to load never takes the others down."""
 
     def __init__(self, root: str | Path, *, device: str = "auto", policy: str = "strict",
                  metrics: Metrics | None = None):
@@ -34,7 +36,7 @@ class ModelRepository:
             raise ModelNotFound(f"model repository {str(root)!r} is not a folder")
         self.device, self.policy = device, policy
         self.metrics = metrics if metrics is not None else Metrics()
-        self._entries: dict[str, Entry] = {}
+        self._entries: dict[str, dict[str, Entry]] = {}  # model → version → entry, versions ascending
         self._lock = threading.RLock()
         self._started = self._closing = False
         self._draining: set = set()
@@ -58,66 +60,115 @@ class ModelRepository:
         return self._started and not self._closing
 
     def index(self) -> list[dict]:
-        """Every model of the repository with its version, state and reason."""
+        """Every model of the repository, one entry per version it serves (or served), with state and reason."""
         with self._lock:
             out = []
             for name in self.names():
-                e = self._entries.get(name) or Entry(name, _latest_version(self.root / name) or "")
-                out.append({"name": e.name, "version": e.version, "state": e.state,
-                            "reason": "" if e.state == "READY" else e.reason})
+                entries = list(self._entries.get(name, {}).values()) or [Entry(name, _latest_version(self.root / name)
+                                                                                or "")]
+                out.extend({"name": e.name, "version": e.version, "state": e.state,
+                            "reason": "" if e.state == "READY" else e.reason} for e in entries)
             return out
 
     def load(self, name: str) -> ServedModel:
-        """(Re)load model `name` (its highest version); ModelLoadError with the reason if that fails."""
+        """(Re)load model `name` at the versions of its version_policy; returns the newest one that loaded.
+        ModelLoadError with the reason if the config or any version fails (the versions that loaded serve)."""
         folder = self._folder(name)
         if self._closing:
             raise ModelNotReady("the server is shutting down; models cannot be loaded")
         with self._lock:
-            old = self._entries.get(name)
-            self._entries[name] = Entry(name, old.version if old else "", "LOADING", "loading", None)
+            old = self._entries.get(name, {})
+            self._entries[name] = {v: Entry(name, e.version, "LOADING", "loading") for v, e in old.items()} or {
+                "": Entry(name, "", "LOADING", "loading")}
         try:
-            model = self._load(folder)
-        except Exception as e:  # any failure is this model's, reported by index()
+            cfg, versions = self._select(folder)
+        except Exception as e:  # the config or the version folders: the whole model fails
             reason = f"{type(e).__name__}: {e}"
             with self._lock:
-                self._entries[name] = Entry(name, _latest_version(folder) or "", "UNAVAILABLE", reason)
-            if old is not None and old.model is not None:
-                self._drain(old.model)
+                self._entries[name] = {"": Entry(name, _latest_version(folder) or "", "UNAVAILABLE", reason)}
+            self._drain_all(old)
             raise ModelLoadError(f"failed to load model {name!r}: {reason}") from e
+        new: dict[str, Entry] = {}
+        failed = []
+        for version, vdir in versions:
+            try:
+                model = self._load(folder, cfg, version, vdir)
+            except Exception as e:  # this version's failure, reported by index()
+                reason = f"{type(e).__name__}: {e}"
+                new[version] = Entry(name, version, "UNAVAILABLE", reason)
+                failed.append(f"version {version}: {reason}")
+            else:
+                new[version] = Entry(name, version, "READY", "", model)
+        loaded = [e.model.version for e in new.values() if e.model is not None]
+        for e in new.values():
+            if e.model is not None:
+                e.model.versions = loaded
         with self._lock:
-            self._entries[name] = Entry(name, model.version, "READY", "", model)
-        if old is not None and old.model is not None:
-            self._drain(old.model)
-        return model
+            self._entries[name] = new
+        self._drain_all(old)
+        if failed:
+            raise ModelLoadError(f"failed to load model {name!r}: {'; '.join(failed)}")
+        return new[versions[-1][0]].model
 
     def unload(self, name: str) -> None:
-        """Stop serving `name`; its queued requests still finish."""
+        """Stop serving every version of `name`; their queued requests still finish."""
         self._folder(name)
         with self._lock:
-            old = self._entries.get(name)
-            self._entries[name] = Entry(name, old.version if old else "", "UNAVAILABLE", "unloaded")
-        if old is not None and old.model is not None:
-            self._drain(old.model)
+            old = self._entries.get(name, {})
+            self._entries[name] = {v: Entry(name, e.version, "UNAVAILABLE", "unloaded") for v, e in old.items()} or {
+                "": Entry(name, _latest_version(self.root / name) or "", "UNAVAILABLE", "unloaded")}
+        self._drain_all(old)
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
-        """The READY model `name` (at `version` if given): ModelNotFound / ModelNotReady otherwise."""
+        """The READY model `name` at `version` (None or "": its newest READY version). ModelNotFound for a version
+        the model does not serve (no such folder, or not selected by its version_policy), ModelNotReady for one that
+        is not loaded (unloaded, failed, loading)."""
         self._folder(name)
         with self._lock:
-            e = self._entries.get(name)
-        if version not in (None, "") and not (self.root / name / str(version)).is_dir():
-            raise ModelNotFound(f"model {name!r} has no version {version!r}")
-        if e is None or e.model is None or self._closing:
-            why = "the server is shutting down" if self._closing else (e.reason if e else "unloaded")
-            raise ModelNotReady(f"model {name!r} is not ready: {why}")
-        if version not in (None, "") and str(version) != e.version:
-            raise ModelNotReady(f"model {name!r} version {version!r} is not loaded (version {e.version!r} is)")
+            entries = dict(self._entries.get(name, {}))
+        if self._closing:
+            raise ModelNotReady(f"model {name!r} is not ready: the server is shutting down")
+        if version in (None, ""):
+            ready = [e for e in entries.values() if e.model is not None]
+            if not ready:
+                why = "; ".join(e.reason for e in entries.values()) or "unloaded"
+                raise ModelNotReady(f"model {name!r} is not ready: {why}")
+            return ready[-1].model
+        version = str(version)
+        if not (version.isascii() and version.isdigit()):
+            raise BadRequest(f"model {name!r}: version {version[:40]!r} is not a version number (an integer)")
+        version = str(int(version))
+        e = entries.get(version)
+        if e is None:
+            served, present = [v for v in entries if v], sorted(version_folders(self.root / name))
+            if served:
+                raise ModelNotFound(f"model {name!r} has no version {version}; its version_policy serves versions "
+                                    f"{served}")
+            if int(version) not in present:
+                raise ModelNotFound(f"model {name!r} has no version {version}; its version folders are {present}")
+            raise ModelNotReady(f"model {name!r} version {version} is not ready: "
+                                f"{'; '.join(e.reason for e in entries.values()) or 'unloaded'}")
+        if e.model is None:
+            raise ModelNotReady(f"model {name!r} version {version} is not ready: {e.reason}")
         return e.model
+
+    def models(self, name: str | None = None, version: str | None = None) -> list[ServedModel]:
+        """The READY served versions: of `name` (all of them, or just `version`), or of every model when `name` is
+        None (for statistics, as Triton reports them)."""
+        if name:
+            if version not in (None, ""):
+                return [self.get(name, version)]
+            self.get(name)  # ModelNotFound / ModelNotReady when none is ready
+            with self._lock:
+                return [e.model for e in self._entries.get(name, {}).values() if e.model is not None]
+        with self._lock:
+            return [e.model for n in sorted(self._entries) for e in self._entries[n].values() if e.model is not None]
 
     async def close(self) -> None:
         """Stop accepting requests and wait for every in-flight one to be answered."""
         self._closing = True
         with self._lock:
-            models = [e.model for e in self._entries.values() if e.model is not None]
+            models = [e.model for es in self._entries.values() for e in es.values() if e.model is not None]
         await asyncio.gather(*(m.batcher.close() for m in models), *list(self._draining), return_exceptions=True)
 
     def _folder(self, name: str) -> Path:
@@ -132,15 +183,20 @@ class ModelRepository:
             raise ModelNotFound(f"unknown model {name!r}; the repository has {self.names()}")
         return folder
 
-    def _load(self, folder: Path) -> ServedModel:
-        """Read the config, load (or build and cache) the engine of the highest version, and wrap it."""
+    def _select(self, folder: Path) -> tuple[ModelConfig | None, list[tuple[str, Path]]]:
+        """The model's config (None: auto-completed) and the (version, folder) pairs its version_policy selects."""
         toml = folder / "config.toml"
-        cfg = ModelConfig.from_toml(toml, folder) if toml.is_file() else ModelConfig(folder.name)
-        version = _latest_version(folder)
-        if version is None:
+        cfg = ModelConfig.from_toml(toml, folder) if toml.is_file() else None
+        present = version_folders(folder)
+        if not present:
             raise ModelNotFound(f"model {folder.name!r} has no version folder (e.g. {folder.name}/1/model.plan)")
-        engine = self._engine(folder / version, cfg)
-        cfg = cfg.complete(engine) if toml.is_file() else ModelConfig.auto(folder.name, engine)
+        policy = cfg.version_policy if cfg is not None else VersionPolicy()
+        return cfg, [(str(v), folder / present.get(v, str(v))) for v in policy.select(list(present))]
+
+    def _load(self, folder: Path, cfg: ModelConfig | None, version: str, vdir: Path) -> ServedModel:
+        """Load (or build and cache) the engine of one version and wrap it with its completed config."""
+        engine = self._engine(vdir, cfg if cfg is not None else ModelConfig(folder.name))
+        cfg = cfg.complete(engine) if cfg is not None else ModelConfig.auto(folder.name, engine)
         return ServedModel(folder.name, version, cfg, engine, self.metrics)
 
     def _engine(self, vdir: Path, cfg: ModelConfig):
@@ -158,6 +214,12 @@ class ModelRepository:
         engine.save(plan, force=True)
         return engine
 
+    def _drain_all(self, entries: dict[str, Entry]) -> None:
+        """Drain the models of replaced entries."""
+        for e in entries.values():
+            if e.model is not None:
+                self._drain(e.model)
+
     def _drain(self, model: ServedModel) -> None:
         """Close an unloaded model's batcher once its queued requests are answered."""
         fut = model.batcher.close_soon()
@@ -168,7 +230,7 @@ class ModelRepository:
 
 def _latest_version(folder: Path) -> str | None:
     """The highest numeric version folder of a model."""
-    versions = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()] if folder.is_dir() else []
+    versions = version_folders(folder)
     return str(max(versions)) if versions else None
 
 
