@@ -119,6 +119,26 @@ def test_keyword_arguments_and_dict_results():
         cm(x)  # bias is required
 
 
+def test_repeated_tensor_calls_take_the_quick_path(monkeypatch):
+    """Calls with the same tensor signature skip binding and flattening; keyword order and values still count."""
+    torch.manual_seed(0)
+    m = KwDict().eval()
+    x, bias = torch.randn(3, 6), torch.randn(4)
+    cm = kiln.compile(m, {"x": x, "bias": bias}, device="cpu")
+    cm(x, bias=bias)
+    slow = []
+    real = cm._flatten
+    monkeypatch.setattr(cm, "_flatten", lambda *a: slow.append(1) or real(*a))
+    for _ in range(3):
+        x2, b2 = torch.randn(3, 6), torch.randn(4)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x2, bias=b2), m(x2, bias=b2), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(cm(bias=b2, x=x2), m(x2, bias=b2), rtol=1e-4, atol=1e-5)
+    assert len(slow) == 1 and cm.builds == 1  # only the first keyword order went the slow way
+    cm(x, bias=bias, scale=0.5)  # a non-tensor argument: the slow path, another engine
+    assert len(slow) == 2 and cm.builds == 2
+
+
 def test_tiny_bert_matches_eager_with_a_dynamic_batch(count_builds):
     m = tiny_bert(layers=1)
     torch.manual_seed(1)

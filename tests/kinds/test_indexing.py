@@ -141,3 +141,24 @@ def test_unknown_reduction_is_unsupported():
     model.graph.node[0].attribute[0].s = b"mean"
     with pytest.raises(UnsupportedOpError, match="reduction='mean'"):
         kiln.build(model, kiln.BuildConfig(device=DEVICE))
+
+
+@pytest.mark.parametrize("op", ["GatherND", "ScatterND"])
+def test_nd_addressing_makes_no_host_tensors(op, monkeypatch):
+    """Negative indices wrap with Python ints: a host list copied to the device would break CUDA graph capture."""
+    import torch
+
+    from kiln.kinds.registry import run_reference
+
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    idx = torch.tensor([[[0, -1], [1, 2]], [[-2, 0], [1, -3]]])
+    inputs = [x, idx] if op == "GatherND" else [x, idx[0], torch.ones(2, 4)]
+    want = run_reference(op, inputs, {})[0]
+
+    def refuse(*a, **k):
+        raise AssertionError("torch.tensor called")
+    monkeypatch.setattr(torch, "tensor", refuse)
+    got = run_reference(op, inputs, {})[0]
+    assert torch.equal(got, want)
+    if op == "GatherND":
+        assert torch.equal(got, torch.stack([x[[0, 1], [-1, 2]], x[[-2, 1], [0, -3]]]))

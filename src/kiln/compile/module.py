@@ -24,6 +24,7 @@ from kiln.runtime import Engine
 
 _BUILD_FIELDS = {f.name for f in fields(BuildConfig)}
 _BUILD_ARGS = ("calib_data", "validation_data")
+QUICK_KEYS = 256  # distinct all-tensor call signatures remembered for the quick path
 
 
 def build_engine(model, config: BuildConfig, **kw) -> Engine:
@@ -116,6 +117,8 @@ class CompiledModule:
         except (TypeError, ValueError):
             self.sig = None
         self.engines: dict[Any, _Entry] = {}
+        self._quick: dict[Any, tuple] = {}  # quick key → (entry, [(argument position, input name)], param versions)
+        self._params: list | None = None
         self.builds = self.hits = 0
         if example_inputs is not None:
             args, kwargs = ((), dict(example_inputs)) if isinstance(example_inputs, Mapping) else \
@@ -148,14 +151,49 @@ class CompiledModule:
         return self._flatten(args, kwargs)[0]
 
     def __call__(self, *args, **kwargs):
+        quick = self._quick_key(args, kwargs)
+        hit = self._quick.get(quick) if quick is not None else None
+        if hit is not None and hit[2] == [t._version for t in self._params]:
+            self.hits += 1
+            values = (*args, *kwargs.values())
+            return self._finish(hit[0], {name: values[j] for j, name in hit[1]})
         key, leaves, spec, names = self._flatten(args, kwargs)
         entry = self._entry(key, leaves, spec, names)
         feeds = {name: leaves[i] for i, name in entry.feeds}
+        if quick is not None:
+            self._remember(quick, entry, leaves, (*args, *kwargs.values()))
+        return self._finish(entry, feeds)
+
+    def _quick_key(self, args, kwargs):
+        """A cheap key for calls whose arguments are all tensors (shapes, dtypes, devices, keyword order), or None.
+        It skips binding, flattening and walking the parameters, which cost more than a small engine's run."""
+        if self.freeze is not None or len(self._quick) > QUICK_KEYS:
+            return None
+        values = (*args, *kwargs.values())
+        if not all(type(v) is torch.Tensor for v in values):
+            return None
+        return (len(args), tuple(kwargs), getattr(self.module, "training", False),
+                tuple((v.dtype, v.device, v.shape) for v in values))
+
+    def _remember(self, quick, entry: _Entry, leaves: list, values: tuple) -> None:
+        """Where each engine input sits among the call's arguments, for the quick path (not if one is missing)."""
+        where = []
+        for i, name in entry.feeds:
+            j = next((j for j, v in enumerate(values) if v is leaves[i]), None)
+            if j is None:
+                return
+            where.append((j, name))
+        if self._params is None:
+            self._params = list(self._state()) if isinstance(self.module, torch.nn.Module) else []
+        self._quick[quick] = (entry, where, [t._version for t in self._params])
+
+    def _finish(self, entry: _Entry, feeds: dict):
+        """Run the entry's engine on its feeds and rebuild the module's result structure around the outputs."""
         if entry.context is None:
             entry.context = entry.engine.create_context()
         result = entry.context.run(feeds)
         tensors = iter(result[n] for n in entry.outputs)
-        home = next((leaves[i].device for i, _ in entry.feeds), None)
+        home = next(iter(feeds.values())).device if feeds else None
         out = []
         for v in entry.out_leaves:
             if v is None:
@@ -283,7 +321,8 @@ def compile(module, example_inputs=None, *, fp16: bool = False, bf16: bool = Fal
     """`module` (a torch.nn.Module) as a callable that runs kiln engines: call it as you call the module, get the
     same structure back (a tensor, tuple or dict of tensors). `example_inputs`: a tensor, a tuple of positional
     arguments or a dict of keyword arguments; the engine for them is built now, others when first called (one per
-    input signature: shapes, dtypes, non-tensor argument values; parameters changed in place rebuild too).
+    input signature: shapes, dtypes, non-tensor argument values; parameters changed in place rebuild too, a
+    parameter object replaced by another is not watched: compile again).
     `dynamic={"x": {0: (1, 64)}}` lets those dims vary within [min, max] (opt: the example's size) in one engine.
     `build_options`: other kiln.BuildConfig fields (opt_level, timing_cache, ...), calib_data, validation_data.
     Export errors are kiln.ModelError; kiln's own import/build errors pass through."""

@@ -37,14 +37,14 @@ def gather_elements(inputs, attrs):
 
 
 def _nd_rows(x: torch.Tensor, idx: torch.Tensor, batch_dims: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """GatherND/ScatterND addressing: x as (batch, rows, *tail) and idx as (batch, n) row numbers."""
+    """GatherND/ScatterND addressing: x as (batch, rows, *tail) and idx as (batch, n) row numbers.
+    Sizes and strides stay Python ints: a host list made into a device tensor is a copy a CUDA graph cannot hold."""
     k = idx.shape[-1]
     lead = x.shape[batch_dims:batch_dims + k]
-    idx = wrap(idx, torch.tensor(lead, dtype=torch.long, device=idx.device))
-    strides = torch.tensor([math.prod(lead[i + 1:]) for i in range(k)], dtype=torch.long, device=idx.device)
+    rows = sum((wrap(idx[..., i], lead[i]) * math.prod(lead[i + 1:]) for i in range(k)),
+               torch.zeros(idx.shape[:-1], dtype=torch.long, device=idx.device))
     batch = math.prod(x.shape[:batch_dims])
-    rows = (idx * strides).sum(-1).reshape(batch, -1)
-    return x.reshape(batch, math.prod(lead), *x.shape[batch_dims + k:]), rows
+    return x.reshape(batch, math.prod(lead), *x.shape[batch_dims + k:]), rows.reshape(batch, -1)
 
 
 @kind("GatherND", attrs={"batch_dims": INT})
