@@ -112,6 +112,12 @@ def _time(fn: Callable[[], object], device: str, iterations: int) -> float:
         return measure(fn, device=device, warmup=max(3, iterations // 5), iterations=iterations).median
 
 
+def _eager_reasons(context) -> list[str]:
+    """Why a context ran some signature without its CUDA graph (empty: every signature replayed a graph)."""
+    graphs = getattr(context, "graphs", None)
+    return sorted(set(graphs.eager.values())) if graphs is not None else []
+
+
 def _timed_build(make: Callable[[], object]) -> tuple[object, float]:
     start = time.perf_counter()
     value = make()
@@ -154,6 +160,8 @@ def run_case(case: Case, batch: int, args, cache: Path) -> dict:
     with torch.no_grad():
         row["build_cosine"] = harness.cosine(_first(context.run(engine_feeds)), reference)
     row["compile_over_build"] = row["compile_ms"] / row["build_ms"]
+    row["eager_reasons"] = {"build": _eager_reasons(context),
+                            "compile": [r for e in compiled.engines.values() for r in _eager_reasons(e.context)]}
 
     for peer in args.peers:
         half = copy.deepcopy(case.module).to(device=device, dtype=torch.float16).eval()

@@ -32,8 +32,8 @@ def signature(inputs: dict[str, torch.Tensor]) -> Signature | None:
 class CapturedRun:
     """One captured engine run with its static input and output buffers.
 
-    Captures are serialized (one lock for every context of the process: the sync-debug mode of the warm-up
-    is process-wide) and thread-local, so other threads' contexts keep running while one captures."""
+    Captures are serialized (one lock for every context of the process) and thread-local, so other threads'
+    contexts keep running while one captures."""
 
     _capturing = threading.Lock()
 
@@ -48,15 +48,11 @@ class CapturedRun:
     def _capture(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool) -> None:
         self.inputs = {k: v.clone() for k, v in inputs.items()}
         self.graph = torch.cuda.CUDAGraph()
-        # warm-up on the side stream (lazy handles and workspaces are made outside capture); a layer that
-        # synchronizes with the host raises here, before a capture could be left half-done
-        old = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            with torch.cuda.stream(stream):
-                run(self.inputs)
-        finally:
-            torch.cuda.set_sync_debug_mode(old)
+        # warm-up on the side stream: lazy handles and workspaces are made outside capture. A layer that syncs with
+        # the host fails the thread-local capture below (the caller then runs the signature eagerly on a new
+        # stream); the process-wide sync-debug mode is not used, as it would fail other threads' runs meanwhile
+        with torch.cuda.stream(stream):
+            run(self.inputs)
         stream.synchronize()
         with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             self.outputs = run(self.inputs)

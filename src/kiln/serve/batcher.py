@@ -34,10 +34,10 @@ class Request:
     """One queued request: its inputs, row count (batch dim), merge key, the future that answers it and, with
     padding, its length along the padded axis."""
 
-    inputs: dict[str, np.ndarray]
+    inputs: dict[str, np.ndarray] = field(repr=False)  # a repr would print every array (MBs for an image)
     rows: int
     key: tuple
-    future: asyncio.Future
+    future: asyncio.Future = field(repr=False)
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     timer: asyncio.TimerHandle | None = None
     length: int | None = None
@@ -178,10 +178,8 @@ class DynamicBatcher:
         """Drop a finished (answered, timed-out or cancelled) request from the queue."""
         if req.timer is not None:
             req.timer.cancel()
-        try:
+        if req in state.pending:  # usually a batch took it already (deque.remove would format a ValueError)
             state.pending.remove(req)
-        except ValueError:
-            pass
 
     async def _worker(self, state: _LoopState) -> None:
         """Form batches and run them until the batcher closes and its queue is empty."""
