@@ -152,7 +152,7 @@ class _RecordingEngine:
 
     feeds: list = field(default_factory=list)
 
-    def create_context(self):
+    def create_context(self, **options):
         return self
 
     def run(self, feeds):
@@ -188,6 +188,35 @@ def test_batcher_pads_cuts_and_respects_the_profiles():
         np.testing.assert_array_equal(o["y"], r["ids"].astype(np.float32) * 10)  # cut back to its length
         assert o["n"].tolist() == [n]  # not listed: returned as computed
     assert [o["rows"].tolist() for o in outs] == [[0], [1], [0], [1], [2]]
+
+
+def test_batcher_pads_rows_to_a_bucket_and_lengths_to_a_multiple():
+    """Few engine shapes (one CUDA graph each): 3 rows become a bucket of 4 (the last row repeated), lengths round up
+    to a multiple of 8; nobody gets a pad row or position back."""
+    engine = _RecordingEngine()
+    batcher = DynamicBatcher(engine, max_batch_size=8, max_queue_delay_s=0.2, name="buckets",
+                             padding=Padding(1, {"ids": -1, "mask": 0}, ["y"]), padding_limits=[(8, 32)],
+                             batch_buckets=[1, 2, 4, 8], length_multiple=8)
+    lengths = [3, 5, 9]
+
+    async def main():
+        reqs = [{"ids": np.arange(1, n + 1, dtype=np.int64)[None], "mask": np.ones((1, n), np.int64)}
+                for n in lengths]
+        outs = await asyncio.gather(*(batcher.submit(r, 1) for r in reqs))
+        alone = await batcher.submit({"ids": np.array([[7, 8, 9]]), "mask": np.ones((1, 3), np.int64)}, 1)
+        await batcher.close()
+        return reqs, outs, alone
+
+    reqs, outs, alone = asyncio.run(main())
+    assert [f["ids"].shape for f in engine.feeds] == [(4, 16), (1, 8)]
+    first = engine.feeds[0]
+    assert first["ids"][3].tolist() == first["ids"][2].tolist()  # the pad row repeats the last one
+    assert first["mask"][0].tolist() == [1] * 3 + [0] * 13
+    for r, o, n in zip(reqs, outs, lengths):
+        np.testing.assert_array_equal(o["y"], r["ids"].astype(np.float32) * 10)
+        assert o["n"].tolist() == [n] and o["rows"].shape == (1,)
+    assert [o["rows"].tolist() for o in outs] == [[0], [1], [2]]
+    np.testing.assert_array_equal(alone["y"], [[70.0, 80.0, 90.0]])
 
 
 def test_batcher_without_padding_never_merges_lengths():
@@ -304,3 +333,25 @@ def test_padded_inputs_of_different_lengths_are_a_400(server):
     finally:
         conn.close()
     assert status == 400 and "different lengths [3, 4]" in doc["error"] and "input_ids" in doc["error"], doc
+
+
+def test_batch_buckets_and_length_multiple(tmp_path, engine):
+    """Buckets from config.toml, or on a GPU the powers of two, preferred sizes and max_batch_size; CPU: none."""
+    from types import SimpleNamespace
+
+    from kiln.serve.model import _batch_buckets, _length_multiple
+
+    text = "max_batch_size = 6\n[dynamic_batching]\npreferred_batch_size = [3]\n"
+    cfg = _config(tmp_path, text).complete(engine)
+    gpu = SimpleNamespace(device=SimpleNamespace(backend="cuda"))
+    assert _batch_buckets(gpu, cfg) == [1, 2, 3, 4, 6]
+    assert _batch_buckets(engine, cfg) == []  # the CPU engine: no padding
+    cfg = _config(tmp_path, text + "batch_buckets = [4, 64, 6]\n").complete(engine)
+    assert _batch_buckets(engine, cfg) == [4, 6]  # beyond max_batch_size: dropped
+    assert _length_multiple(gpu, Padding(1, {"x": 0})) == 16 and _length_multiple(engine, Padding(1, {"x": 0})) == 1
+    assert _length_multiple(gpu, Padding(1, {"x": 0}, [], 4)) == 4
+    for bad, words in (("batch_buckets = 8", "must be a list"), ("batch_buckets = [0]", "batch buckets >= 1")):
+        with pytest.raises(ConfigError, match=words):
+            _config(tmp_path, text + bad + "\n").complete(engine)
+    with pytest.raises(ConfigError, match="length_multiple"):
+        _config(tmp_path, f"max_batch_size = 8\n{PADDING}length_multiple = 0\n")

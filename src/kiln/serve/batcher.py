@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS as DEFAULT_GRAPHS
 from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotReady, QueueFull, RequestTimeout, ServeError
+
+
+MAX_GRAPHS = 256  # CUDA graphs an execution context keeps at most: one per batch bucket and padded length
 
 
 @dataclass
@@ -61,7 +65,11 @@ class DynamicBatcher:
     `padding` (a config.Padding: axis, inputs → pad value, outputs) also merges requests whose listed inputs differ
     only along `axis`: each is right-padded to the batch's longest, and the listed outputs are sliced back to each
     request's own length. `padding_limits`: the (rows, padded length) boxes the engine's profiles admit; a batch is
-    only grown while it fits one of them (none given: max_batch_size alone bounds it)."""
+    only grown while it fits one of them (none given: max_batch_size alone bounds it).
+
+    `batch_buckets`: a batch's rows are padded (repeating its last row) up to the smallest bucket that holds them,
+    and padded lengths are rounded up to `length_multiple`, so that the engine meets few shapes; the pad rows and
+    positions are dropped from the answers."""
 
     engine: object
     max_batch_size: int = 0
@@ -74,11 +82,15 @@ class DynamicBatcher:
     name: str = "model"
     padding: object | None = None
     padding_limits: list[tuple[int, int]] = field(default_factory=list)
+    batch_buckets: list[int] = field(default_factory=list)
+    length_multiple: int = 1
 
     def __post_init__(self):
         self._contexts: queue.SimpleQueue = queue.SimpleQueue()
+        longest = max((n for _, n in self.padding_limits), default=1)
+        graphs = min(MAX_GRAPHS, max(DEFAULT_GRAPHS, len(self.batch_buckets) * -(-longest // self.length_multiple)))
         for _ in range(self.instance_count):
-            self._contexts.put(self.engine.create_context())
+            self._contexts.put(self.engine.create_context(max_cuda_graphs=graphs))
         self._executor = ThreadPoolExecutor(self.instance_count, thread_name_prefix=f"kiln-serve-{self.name}")
         self._state: _LoopState | None = None
         self._closed = False
@@ -245,12 +257,15 @@ class DynamicBatcher:
         start = time.perf_counter_ns()
         queue_ns = [start - r.enqueued_ns for r in live]
         try:
-            padded = self._padded_length(live)
-            feeds = {k: (np.concatenate([self._pad(k, r.inputs[k], padded) for r in live]) if len(live) > 1
-                         else live[0].inputs[k]) for k in live[0].inputs}
-            outputs = await state.loop.run_in_executor(self._executor, self._execute, feeds)
             rows = sum(r.rows for r in live)
-            answers = self._split(live, outputs, rows, padded) if self.max_batch_size else [outputs]
+            padded = self._padded_length(live, rows)
+            feeds = {k: (np.concatenate([self._pad(k, r.inputs[k], padded) for r in live]) if len(live) > 1
+                         else self._pad(k, live[0].inputs[k], padded)) for k in live[0].inputs}
+            bucket = self._bucket(rows, padded)
+            if bucket > rows:
+                feeds = {k: np.concatenate([v, np.repeat(v[-1:], bucket - rows, axis=0)]) for k, v in feeds.items()}
+            outputs = await state.loop.run_in_executor(self._executor, self._execute, feeds)
+            answers = self._split(live, outputs, bucket, padded) if self.max_batch_size else [outputs]
         except Exception as e:  # every request of the batch gets exactly one answer
             self._report(BatchRecord(sum(r.rows for r in live), len(live), time.perf_counter_ns() - start,
                                      queue_ns, False))
@@ -272,10 +287,21 @@ class DynamicBatcher:
         finally:
             self._contexts.put(ctx)
 
-    def _padded_length(self, live: list[Request]) -> int | None:
-        """The length the batch's padded inputs are padded to; None when no request needs padding."""
+    def _padded_length(self, live: list[Request], rows: int) -> int | None:
+        """The length the batch's padded inputs are padded to: the longest, rounded up to `length_multiple` where
+        the profiles admit it; None when no request needs padding."""
         lengths = {r.length for r in live if r.length is not None}
-        return max(lengths) if len(lengths) > 1 else None
+        if not lengths:
+            return None
+        longest = max(lengths)
+        rounded = -(-longest // self.length_multiple) * self.length_multiple
+        if rounded != longest and self._fits(rows, rounded):
+            return rounded
+        return longest if len(lengths) > 1 else None
+
+    def _bucket(self, rows: int, length: int | None) -> int:
+        """The smallest batch bucket that holds `rows` and fits a profile at `length`; `rows` if none does."""
+        return next((b for b in self.batch_buckets if b >= rows and self._fits(b, length)), rows)
 
     def _pad(self, name: str, array: np.ndarray, length: int | None) -> np.ndarray:
         """`array` (input `name`) right-padded along the padding axis to `length` with the input's pad value."""
@@ -289,7 +315,8 @@ class DynamicBatcher:
         return out
 
     def _split(self, live: list[Request], outputs: dict, rows: int, padded: int | None = None) -> list[dict]:
-        """Each request's rows of every output; after padding, the padding outputs cut back to its own length."""
+        """Each request's rows of every output (`rows`: the batch's, pad rows included, which no one gets); after
+        padding, the padding outputs cut back to its own length."""
         for k, v in outputs.items():
             if np.ndim(v) == 0 or v.shape[0] != rows:
                 raise InferenceFailed(f"model {self.name!r}: output {k!r} of shape {np.shape(v)} has no batch dim of "

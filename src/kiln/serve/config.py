@@ -38,6 +38,7 @@ class Padding:
     axis: int
     inputs: dict[str, int | float]
     outputs: list[str] = field(default_factory=list)
+    length_multiple: int | None = None  # padded lengths rounded up to a multiple (None: 16 on a GPU, else 1)
 
 
 @dataclass
@@ -50,6 +51,10 @@ class DynamicBatching:
     reject_status: int = 503
     default_timeout_microseconds: int = 0
     padding: Padding | None = None
+    # kiln's own: a batch is padded up to the smallest of these row counts that holds it, so a GPU engine meets few
+    # shapes (one CUDA graph each) instead of every count up to max_batch_size; None: the powers of two, the
+    # preferred sizes and max_batch_size on a GPU, nothing on the CPU; [] never pads
+    batch_buckets: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,8 +168,10 @@ class ModelConfig:
             raise ConfigError(f"{where}: precision must be one of {PRECISIONS}, got {self.precision!r}")
         db = self.dynamic_batching
         if db is not None and (db.max_queue_delay_microseconds < 0 or db.max_queue_size < 0
-                               or db.default_timeout_microseconds < 0 or any(p < 1 for p in db.preferred_batch_size)):
-            raise ConfigError(f"{where}: dynamic_batching values must be >= 0 (preferred sizes >= 1)")
+                               or db.default_timeout_microseconds < 0 or any(p < 1 for p in db.preferred_batch_size)
+                               or any(not _is_int(b) or b < 1 for b in db.batch_buckets or ())):
+            raise ConfigError(f"{where}: dynamic_batching values must be >= 0 (preferred sizes and batch buckets "
+                              ">= 1)")
         if db is not None and db.reject_status not in (429, 503):
             raise ConfigError(f"{where}: dynamic_batching.reject_status must be 429 or 503, got {db.reject_status}")
 
@@ -197,6 +204,8 @@ def _batching(raw: dict, path: Path) -> DynamicBatching:
         raise ConfigError(f"{path}: dynamic_batching must be a table ([dynamic_batching])")
     raw = dict(raw)
     padding = raw.pop("padding", None)
+    if not isinstance(raw.get("batch_buckets", []), list):
+        raise ConfigError(f"{path}: [dynamic_batching]: batch_buckets must be a list of row counts, e.g. [1, 8, 64]")
     try:
         db = DynamicBatching(**raw)
     except TypeError as e:
@@ -210,8 +219,11 @@ def _padding(raw, path: Path) -> Padding:
     where = f"{path}: [dynamic_batching.padding]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table with axis, inputs and outputs")
-    if unknown := sorted(set(raw) - {"axis", "inputs", "outputs"}):
-        raise ConfigError(f"{where}: unknown keys {unknown}; expected axis, inputs, outputs")
+    if unknown := sorted(set(raw) - {"axis", "inputs", "outputs", "length_multiple"}):
+        raise ConfigError(f"{where}: unknown keys {unknown}; expected axis, inputs, outputs, length_multiple")
+    multiple = raw.get("length_multiple")
+    if multiple is not None and (not _is_int(multiple) or multiple < 1):
+        raise ConfigError(f"{where}: length_multiple must be an integer >= 1, got {multiple!r}")
     axis = raw.get("axis")
     if not _is_int(axis) or axis < 1:
         raise ConfigError(f"{where}: axis must be an integer >= 1 (axis 0 is the batch dim), got {axis!r}")
@@ -227,7 +239,7 @@ def _padding(raw, path: Path) -> Padding:
         raise ConfigError(f"{where}: outputs must be a list of output names, got {outputs!r}")
     if len(set(outputs)) != len(outputs):
         raise ConfigError(f"{where}: outputs lists a name twice: {outputs}")
-    return Padding(axis, dict(inputs), list(outputs))
+    return Padding(axis, dict(inputs), list(outputs), multiple)
 
 
 def _check_padding(cfg: ModelConfig, pad: Padding, ins: list[TensorConfig], outs: list[TensorConfig]) -> None:

@@ -64,7 +64,8 @@ class ServedModel:
             max_queue_delay_s=db.max_queue_delay_microseconds / 1e6 if db else 0.0,
             max_queue_size=db.max_queue_size if db else 0, reject_status=db.reject_status if db else 503,
             instance_count=cfg.instance_count, on_batch=self._on_batch, name=self.name, padding=padding,
-            padding_limits=_padding_limits(self.engine, padding) if padding is not None else [])
+            padding_limits=_padding_limits(self.engine, padding) if padding is not None else [],
+            batch_buckets=_batch_buckets(self.engine, cfg), length_multiple=_length_multiple(self.engine, padding))
         self._default_timeout_s = db.default_timeout_microseconds / 1e6 if db else 0.0
 
     def metadata(self) -> dict:
@@ -168,3 +169,31 @@ def _padding_limits(engine, padding) -> list[tuple[int, int]]:
         if ranges and padded:
             limits.append((min(r.max[0] for r in ranges), min(r.max[padding.axis] for r in padded)))
     return limits
+
+
+def _on_gpu(engine) -> bool:
+    device = getattr(engine, "device", None)
+    return getattr(device, "backend", None) == "cuda"
+
+
+def _batch_buckets(engine, cfg: ModelConfig) -> list[int]:
+    """The row counts batches are padded up to: the config's, or on a GPU the powers of two, the preferred sizes and
+    max_batch_size (each new batch shape costs a CUDA graph capture; a few shapes are captured once)."""
+    db, top = cfg.dynamic_batching, cfg.max_batch_size or 0
+    if db is None or top < 1:
+        return []
+    if db.batch_buckets is not None:
+        return sorted({b for b in db.batch_buckets if b <= top})
+    if not _on_gpu(engine):
+        return []
+    return sorted({1 << i for i in range(top.bit_length()) if 1 << i <= top} | set(db.preferred_batch_size) | {top})
+
+
+def _length_multiple(engine, padding) -> int:
+    """Padded lengths are rounded up to this multiple (1: not rounded); 16 by default on a GPU, for the same reason."""
+    if padding is None:
+        return 1
+    if padding.length_multiple is not None:
+        return padding.length_multiple
+    return 16 if _on_gpu(engine) else 1
+
