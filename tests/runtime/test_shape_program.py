@@ -170,3 +170,39 @@ def test_dynamic_engine_replays_a_cuda_graph_per_signature(model):
         ctx.run({"x": x}, stream=stream, outputs={"y": buf})
     stream.synchronize()
     torch.testing.assert_close(buf, ctx.run({"x": x})["y"])
+
+
+@pytest.mark.gpu
+def test_gpu_captures_leave_other_threads_running(model):
+    """A capture in one thread must not fail another thread's run that synchronizes (numpy out: its download
+    waits for the stream). The capture's warm-up once set the process-wide sync-debug mode, and the server's other
+    instances failed with "called a synchronizing CUDA operation"."""
+    import threading
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    engine = kiln.build(str(model), kiln.BuildConfig(fp16=True, profiles=({"x": PROFILE},)))
+    capturer, syncer = engine.create_context(max_cuda_graphs=64), engine.create_context()
+    x = np.random.default_rng(0).normal(size=(2, 8, HEADS * DIM)).astype(np.float32)
+    want = syncer.run({"x": x})["y"]
+    errors, stop = [], threading.Event()
+
+    def sync_loop():
+        while not stop.is_set():
+            try:
+                np.testing.assert_allclose(syncer.run({"x": x})["y"], want, rtol=1e-3, atol=1e-3)
+            except Exception as e:  # noqa: BLE001 — any failure is the finding
+                errors.append(repr(e))
+                return
+
+    thread = threading.Thread(target=sync_loop)
+    thread.start()
+    try:
+        for b in range(1, 5):
+            for s in range(3, 33, 5):
+                capturer.run({"x": torch.randn(b, s, HEADS * DIM, device="cuda")})
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert capturer.graphs.captures >= 20 and capturer.eager_reasons == {}
