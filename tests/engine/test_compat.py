@@ -109,13 +109,13 @@ def test_retune_reruns_the_autotuner_with_cache_and_compat_class(tmp_path, monke
     _rewrite_header(p, torch="1.0.0")
     seen = {}
 
-    def fake_tune(net, weights, device, level, tf32, cache, progress, workspace):
+    def fake_tune(net, weights, device, level, tf32, cache, progress, workspace, profile_shapes):
         seen.update(layers=[l.name for l in net.layers], compat=device.hardware_compat, cache=cache, level=level,
                     workspace=workspace)
-        return {l.name: registry_choice() for l in net.layers}
+        return [{l.name: registry_choice() for l in net.layers} for _ in profile_shapes]
 
     registry_choice = lambda: retune_mod.Choice(registry.REFERENCE, {}, 1.5, "timed")  # noqa: E731
-    monkeypatch.setattr(retune_mod, "tune", fake_tune)
+    monkeypatch.setattr(retune_mod, "tune_profiles", fake_tune)
     cache = tmp_path / "t.db"
     engine = kiln.load(p, policy="retune", timing_cache=cache)
     assert seen["layers"] == [l.name for l in engine.network.layers] and seen["compat"] == "same-cc"

@@ -32,6 +32,27 @@ class BenchResult:
     clocks: dict | None = None
     launch_gaps_hidden: bool = False
     nvtx: bool = False
+    first_calls_ms: list[float] = field(default_factory=list)  # per context (stream), its first call's host wall
+    shape_program: bool = False  # a dynamic engine with shape layers: its first call at a shape records their values
+
+    @property
+    def first_call_ms(self) -> float | None:
+        """The first call at the benchmarked shapes (host wall, ms; the first context's): one-time work included
+        (a dynamic engine's shape-program recording, the CUDA graph capture), kept apart from the steady state."""
+        return self.first_calls_ms[0] if self.first_calls_ms else None
+
+    def first_call_text(self) -> str | None:
+        """The first call, what it includes, and how it compares with the steady-state median."""
+        if self.first_call_ms is None:
+            return None
+        work = ["shape-program recording"] if self.shape_program else []
+        work += ["CUDA graph capture"] if self.cuda_graph else []
+        series = self.series("host")
+        median = float(np.median(series)) if series else None
+        ratio = f", {self.first_call_ms / median:,.1f}x the median" if median else ""
+        return (f"{self.first_call_ms:.3f} ms (first query at these shapes{ratio}"
+                + (f"; with any one-time work at them: {' and '.join(work)}" if work else "") + ")"
+                + ("; also among the timed queries (--warmup 0)" if self.warmup == 0 else ""))
 
     @property
     def is_cuda(self) -> bool:
@@ -111,7 +132,8 @@ class BenchResult:
                 "streams": self.streams, "cuda_graph": self.cuda_graph, "data_transfers": self.data_transfers,
                 "spin_wait": self.spin_wait,
                 "launch_gaps_hidden": self.launch_gaps_hidden, "percentiles": list(self.percentiles),
-                "latency_ms": phases["host"], "phases_ms": phases,
+                "latency_ms": phases["host"], "phases_ms": phases, "first_call_ms": self.first_call_ms,
+                "first_call_per_stream_ms": list(self.first_calls_ms) if self.streams > 1 else [],
                 "total_host_wall_s": self.wall_s, "total_gpu_s": self.total_gpu_s(),
                 "throughput": {"queries_per_s": self.queries_per_s, "items_per_s": self.items_per_s},
                 "per_stream": [{"stream": s, "iterations": len(self.series("host", s) or []),

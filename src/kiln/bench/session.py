@@ -80,6 +80,9 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
     barrier = threading.Barrier(opts.streams, action=clock.start)
     results: list[list[IterationTimes]] = [[] for _ in contexts]
     ends = [0.0] * len(contexts)
+    # each context's first call (ms, host wall): at the benchmarked shapes it records the dynamic engine's shape
+    # program and captures the CUDA graph; it is a warm-up query, outside the timed ones unless --warmup 0
+    first: list[float | None] = [None] * len(contexts)
     errors: list[BaseException] = []
 
     def worker(k: int) -> None:
@@ -87,12 +90,16 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
         try:
             with torch.cuda.stream(ctx.stream) if ctx.stream is not None else contextlib.nullcontext():
                 query = make_query(ctx, feeds, k, opts.spin_wait, cycles_per_ms)
-                for _ in range(opts.warmup):
-                    query(0.0)
+                for i in range(opts.warmup):
+                    times = query(0.0)
+                    if i == 0 and first[k] is None:
+                        first[k] = times().host_ms
                 barrier.wait()
                 pending, done = [], 0
                 while True:
                     pending.append(query(clock.origin))
+                    if done == 0 and first[k] is None:  # --warmup 0: the first timed query is the first call
+                        first[k] = pending[-1]().host_ms
                     done += 1
                     counted_out = done >= (opts.iterations or MAX_ITERATIONS)
                     if counted_out or time.perf_counter() >= clock.deadline:
@@ -108,9 +115,9 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
     if opts.streams == 1:
         worker(0)
     else:
-        for ctx in contexts:  # first runs (CUDA-graph captures) one context at a time, before the threads start
+        for k, ctx in enumerate(contexts):  # first runs (CUDA-graph captures) one at a time, before the threads
             with torch.cuda.stream(ctx.stream) if ctx.stream is not None else contextlib.nullcontext():
-                make_query(ctx, feeds, 0, False, None)(0.0)
+                first[k] = make_query(ctx, feeds, k, False, None)(0.0)().host_ms
         threads = [threading.Thread(target=worker, args=(k,), name=f"kiln-bench-{k}") for k in range(opts.streams)]
         for t in threads:
             t.start()
@@ -125,4 +132,5 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
                        opts.streams, cuda_graph=any(c.graphs is not None and c.graphs.runs for c in contexts),
                        data_transfers=opts.data_transfers, spin_wait=opts.spin_wait, percentiles=opts.percentiles,
                        eager_reasons=eager, clocks=clocks, launch_gaps_hidden=cycles_per_ms is not None,
-                       nvtx=opts.nvtx)
+                       nvtx=opts.nvtx, first_calls_ms=[t for t in first if t is not None],
+                       shape_program=bool(engine.shape_program))

@@ -19,6 +19,7 @@ from kiln.kinds import qtype as qtypes, quantized
 from kiln.tactics import registry
 from kiln.tactics.choice import Choice
 from kiln.tactics.spec import LayerSpec, layer_spec
+from kiln.util.phases import PhaseTimes
 from kiln.util.timing import device_time_us
 
 REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
@@ -133,8 +134,11 @@ class Autotuner:
     """Chooses a tactic per layer for one build; reads and fills the timing cache."""
 
     def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None,
-                 workspace: int | None = None):
+                 workspace: int | None = None, phases: PhaseTimes | None = None):
         self.device, self.level, self.tf32, self.cache, self.workspace = device, opt_level, tf32, cache, workspace
+        # where tuning time goes: "tune: reference" (random inputs, reference outputs), "tune: compile + check"
+        # (each candidate's compile, first call — Triton JIT, cuDNN plan — and comparison), "tune: timing"
+        self.phases = phases if phases is not None else PhaseTimes()
         self.env = environment_key(dict(device.fingerprint(), hardware_compat=device.hardware_compat))
         if workspace is not None:  # a choice made under a workspace limit is not the unlimited one
             self.env += f"|workspace<={workspace}"
@@ -179,7 +183,10 @@ class Autotuner:
         if self.cache is not None and self.level > 0:
             hit = self.cache.get(self.env, sig)
             if hit is not None and hit.tactic in {t.name for t in cands}:
+                self.phases.count("timing cache hits")
                 return Choice(hit.tactic, hit.config, hit.microseconds, "cache", refused)
+            self.phases.count("timing cache misses")
+        self.phases.count("layers tuned")
         choice = self._measure(timed_spec, cands, refused, probes)
         if self.cache is not None and self.level > 0:
             self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
@@ -215,24 +222,31 @@ class Autotuner:
     def _measure(self, spec: LayerSpec, cands, refused, probes: list[tuple[str, LayerSpec]] = ()) -> Choice:
         """Check every candidate config at `spec` (and at each of `probes`), time those that pass at `spec`."""
         with torch.no_grad():
-            reference = self._reference(spec)
-            others = [(what, probe, self._reference(probe)) for what, probe in probes]
+            with self.phases.phase("tune: reference"):
+                reference = self._reference(spec)
+                others = [(what, probe, self._reference(probe)) for what, probe in probes]
             rejected, timed = list(refused), []
             for tactic in cands:
                 for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]:
                     label = f"{tactic.name}{config or ''}"
-                    kernel, args, why = self._check(tactic, config, spec, reference)
-                    for what, probe, ref in others if not why else ():
-                        why = self._check(tactic, config, probe, ref)[2]
-                        if why:
-                            why = f"fails at {what}: {why}"[:300]
-                            break
+                    self.phases.count("candidates compiled")  # and checked, at the profiles' min/max shapes too
+                    with self.phases.phase("tune: compile + check"):
+                        kernel, args, why = self._check(tactic, config, spec, reference)
+                        for what, probe, ref in others if not why else ():
+                            why = self._check(tactic, config, probe, ref)[2]
+                            if why:
+                                why = f"fails at {what}: {why}"[:300]
+                                break
                     if why:
+                        self.phases.count("candidates rejected")
                         rejected.append((label, why))
                         continue
                     if self.level == 0:
                         return Choice(tactic.name, config, None, "heuristic", rejected)
-                    timed.append((device_time_us(kernel, args, REPEATS[self.level]), tactic.name, config, label))
+                    self.phases.count("candidates timed")
+                    with self.phases.phase("tune: timing"):
+                        us = device_time_us(kernel, args, REPEATS[self.level])
+                    timed.append((us, tactic.name, config, label))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
         for us, name, config, _ in timed:
@@ -273,23 +287,26 @@ def _shapes_label(layer, spec: LayerSpec | None) -> str:
 
 def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
          cache: TimingCache | None, progress: Callable[[str, int, int], None],
-         workspace: int | None = None, tuning_shapes: dict[str, tuple] | None = None) -> dict[str, Choice]:
+         workspace: int | None = None, tuning_shapes: dict[str, tuple] | None = None,
+         phases: PhaseTimes | None = None) -> dict[str, Choice]:
     """A Choice for every layer of `net` (the reference everywhere on the CPU); layers with symbolic shapes are
     timed at `tuning_shapes` (every tensor's shape at the profile's opt input shapes) where given."""
     return tune_profiles(net, weights, device, opt_level, tf32, cache, progress, workspace,
-                         [{"opt": tuning_shapes}])[0]
+                         [{"opt": tuning_shapes}], phases)[0]
 
 
 def tune_profiles(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
                   cache: TimingCache | None, progress: Callable[[str, int, int], None], workspace: int | None = None,
-                  profile_shapes: list[dict[str, dict[str, tuple] | None]] = ()) -> list[dict[str, Choice]]:
+                  profile_shapes: list[dict[str, dict[str, tuple] | None]] = (),
+                  phases: PhaseTimes | None = None) -> list[dict[str, Choice]]:
     """A {layer: Choice} per profile (one at least). `profile_shapes`: per profile, every tensor's shape at its
     "min", "opt" and "max" input shapes. Static layers are tuned once, the same Choice in every profile; symbolic
-    ones per profile, timed at its opt shapes and checked at its min and max shapes too."""
+    ones per profile, timed at its opt shapes and checked at its min and max shapes too. `phases`: where the
+    tuning time goes (see Autotuner) and how many layers and candidates it tuned, compiled, timed or found cached."""
     profiles = list(profile_shapes) or [{}]
     if device.backend != "cuda":
         return [{layer.name: Choice(registry.REFERENCE) for layer in net.layers} for _ in profiles]
-    tuner = Autotuner(device, opt_level, tf32, cache, workspace)
+    tuner = Autotuner(device, opt_level, tf32, cache, workspace, phases)
     specs = [layer_spec(net, layer, weights, tf32) for layer in net.layers]
     symbolic = {layer.name for layer, spec in zip(net.layers, specs) if not spec.static}
     total, out = len(net.layers) * len(profiles), []

@@ -39,6 +39,7 @@ from kiln.quant.qdq import absorb_qdq, has_qdq
 from kiln.kinds.interpret import to_device
 from kiln.tactics import triton_int8_chain, triton_int8_pair
 from kiln.target.hardware_compat import HardwareCompat
+from kiln.util.phases import PhaseTimes
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 # (network, config, device, *, source_sha256=, build_info=, tactics=, profile_tactics=) → kiln.runtime.Engine
@@ -55,7 +56,8 @@ class BuildContext:
     device: Device
     progress: Progress
     notes: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # per STAGES entry, its seconds (phases inside it too)
+    phases: PhaseTimes = field(default_factory=PhaseTimes)  # where the time went: build_info["build_phases"]
 
 
 def _unhonoured(config: BuildConfig, device: Device) -> list[str]:
@@ -171,18 +173,22 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         raise ConfigError("kiln.build: progress must be a callable (stage, done, total), "
                           f"got {type(progress).__name__}")
     config = config or BuildConfig()
-    ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None))
-    ctx.notes += _unhonoured(config, ctx.device)
-    check_quant_options(config)
-    check_fp8(config, ctx.device, calib_data)
-    if config.hardware_compat != "none":
-        ctx.notes.append(HardwareCompat.parse(config.hardware_compat).describe())
-    t0 = time.perf_counter()
+    t0, phases = time.perf_counter(), PhaseTimes()
+    with phases.phase("device"):
+        ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None),
+                           phases=phases)
+        ctx.notes += _unhonoured(config, ctx.device)
+        check_quant_options(config)
+        check_fp8(config, ctx.device, calib_data)
+        if config.hardware_compat != "none":
+            ctx.notes.append(HardwareCompat.parse(config.hardware_compat).describe())
 
-    def stage(name: str, fn):
+    def stage(name: str, fn, phase: str | None = None):
+        """Run stage `name`, timed as itself (ctx.timings) and as phase `phase` (default: the stage's name)."""
         ctx.progress(name, STAGES.index(name), len(STAGES))
         start = time.perf_counter()
-        out = fn()
+        with phases.phase(phase or name):
+            out = fn()
         ctx.timings[name] = time.perf_counter() - start
         return out
 
@@ -205,12 +211,14 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         learned = stage("specialize", lambda: specialize_shapes(net, ctx.device.torch_device))
         if learned:
             ctx.notes.append(f"shapes: {learned} tensors' shapes learned from one run with the fixed input shapes")
-            run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx)
+            with phases.phase("optimize"):
+                run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx)
     else:
         refined = stage("specialize", lambda: refine_shapes(net, config.profiles, ctx.device.torch_device))
         if refined:
             ctx.notes.append(f"shapes: {refined} tensors' shapes refined from runs across the profiles' range")
-            run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx)
+            with phases.phase("optimize"):
+                run_passes(net, build_passes(pctx.target, Stage.OPTIMIZE), pctx)
     int8_info: dict = {}  # the int8 or fp8 rewrite's record (its "qtype" says which)
     before_int8: list[Network] = []  # the float network, kept to time the all-int8 engine a budget deviates from
 
@@ -219,7 +227,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         if quantize:  # layers left float run in fp16 on the GPU, as TensorRT's --int8 --fp16
             if config.accuracy and ctx.device.backend == "cuda":
                 before_int8.append(copy_network(net))
-            notes, record = quantize_int8(net, config, ctx.device, qdq, calib_data, validation_data=validation_data)
+            notes, record = quantize_int8(net, config, ctx.device, qdq, calib_data, validation_data=validation_data,
+                                          phases=phases)
             int8_info.update(record)
         cuda_int8 = quantize and ctx.device.backend == "cuda" and not config.bf16
         notes += apply_precision(net, replace(config, fp16=True) if cuda_int8 else config)
@@ -234,25 +243,37 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
               "next block's first)"] if chained else [])
 
     ctx.notes += stage("precision", precision)
-    verify_network(net)
+    with phases.phase("verify"):
+        verify_network(net)
     info = {"source": loaded.source, "onnx_nodes": onnx_nodes, "imported_layers": imported_layers,
             "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}
     if int8_info:
         info["int8"] = int8_info
-    weights = {k: to_device(v, ctx.device.torch_device) for k, v in net.constants.items()}
-    cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
-    shapes = profile_tensor_shapes(net, config, ctx.device)
-    choices = stage("tune", lambda: tune_profiles(net, weights, ctx.device, config.opt_level, config.tf32, cache,
-                                                  ctx.progress, config.workspace_bytes, shapes))
+    phases.count("layers", len(net.layers))
+
+    def tune_stage():  # "tune: other": device weights, timing cache, observed shapes, the autotuner's bookkeeping
+        weights = {k: to_device(v, ctx.device.torch_device) for k, v in net.constants.items()}
+        cache = TimingCache(config.timing_cache) if config.timing_cache and ctx.device.backend == "cuda" else None
+        shapes = profile_tensor_shapes(net, config, ctx.device)
+        return cache, tune_profiles(net, weights, ctx.device, config.opt_level, config.tf32, cache, ctx.progress,
+                                    config.workspace_bytes, shapes, phases)
+
+    cache, choices = stage("tune", tune_stage, "tune: other")
     if cache is not None:
         info["timing_cache"] = {"path": str(cache.path), "hits": cache.hits, "misses": cache.misses}
     engine = stage("plan", lambda: make_engine(net, config, ctx.device, source_sha256=loaded.sha256,
-                                               build_info=info, tactics=choices[0], profile_tactics=choices))
+                                               build_info=info, tactics=choices[0], profile_tactics=choices),
+                   "engine: other")
+    for part, seconds in getattr(engine, "setup_seconds", {}).items():  # measured inside the Engine
+        phases.split("engine: other", f"engine: {part}", seconds)
     engine.build_info["tactics"] = engine.tactic_summary()
     if "budget" in int8_info:
-        int8_info["budget"]["cost"] = _fallback_cost(engine, before_int8, int8_info, cache, make_engine)
+        with phases.phase("accuracy budget"):
+            int8_info["budget"]["cost"] = _fallback_cost(engine, before_int8, int8_info, cache, make_engine)
     engine.build_info["stage_seconds"] = ctx.timings
     engine.build_info["build_seconds"] = time.perf_counter() - t0
+    engine.build_info["build_phases"] = phases.to_json()["seconds"]
+    engine.build_info["build_counts"] = phases.to_json()["counts"]
     ctx.progress("done", len(STAGES), len(STAGES))
     return engine
 

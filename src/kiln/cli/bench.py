@@ -55,6 +55,8 @@ def print_result(model: Path, engine: kiln.Engine, shapes: dict, result: BenchRe
                          f"{'on' if result.data_transfers else 'off'}, {'spin' if result.spin_wait else 'blocking'} "
                          "wait")]
     rows += [(f"latency {k}", f"{v:.3f} ms") for k, v in latency.items()]
+    if (first := result.first_call_text()) is not None:
+        rows.append(("first call", first))
     rows += [("throughput", f"{result.queries_per_s:,.1f} queries/s, {result.items_per_s:,.1f} items/s "
                             f"(batch {result.batch})"),
              ("total host wall time", f"{result.wall_s:.3f} s")]

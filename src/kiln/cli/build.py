@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
 import kiln
 from kiln.cli.errors import command
@@ -14,7 +17,7 @@ from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Cal
                               MemoryPool, MinShapes, OptLevel, OptShapes, Profiles, Shapes, SignKey, Tf32, TimingCache,
                               Validation, Verbose, parse_memory_pools, parse_shapes)
 from kiln.cli.options import Plugin, load_plugins
-from kiln.cli.output import build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
+from kiln.cli.output import add_row, build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
 from kiln.errors import ConfigError, InternalError
 from kiln.util import files
@@ -77,8 +80,46 @@ def parse_layer_precisions(specs: list[str] | None) -> dict[str, str]:
     return out
 
 
-def summary(engine: kiln.Engine, plan: Path) -> dict:
-    """What the build did, for the table and --json."""
+def _seconds(v) -> float | None:
+    """`v` if it is a finite, non-negative number of seconds (a plan's build info is data from a file), else None."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 \
+        else None
+
+
+def build_time(info: dict, after: dict[str, float] | None = None) -> dict | None:
+    """Where the build's time went, from its build info ("build_phases", "build_counts", "build_seconds"; None for a
+    plan from before they were recorded): {"phases": {phase: s}, "counts": {what: n}, "total_seconds",
+    "unaccounted_seconds"}. `after`: phases after `kiln.build` returned (warm-up, save), added to phases and total."""
+    phases, total = info.get("build_phases"), _seconds(info.get("build_seconds"))
+    if not isinstance(phases, dict) or total is None:
+        return None
+    seconds = {str(k): _seconds(v) for k, v in phases.items()}
+    seconds = {k: v for k, v in seconds.items() if v is not None}
+    warm_up = _seconds(info.get("warm_up_seconds"))
+    later = {**({"warm-up": warm_up} if warm_up else {}), **(after or {})}
+    counts = info.get("build_counts") if isinstance(info.get("build_counts"), dict) else {}
+    return {"phases": seconds | later,
+            "counts": {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)},
+            "total_seconds": total + sum(later.values()),
+            "unaccounted_seconds": max(0.0, total - sum(seconds.values()))}
+
+
+def build_time_table(t: dict) -> Table:
+    """The "Build time" table: each phase's seconds and share of the total, then the autotuner's counts."""
+    table = Table(title="Build time", title_justify="left", caption_justify="left",
+                  caption=", ".join(f"{k}: {n}" for k, n in t["counts"].items()) or None)
+    for col in ("phase", "seconds", "share"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    total = t["total_seconds"]
+    share = lambda s: f"{100 * s / total:.1f}%" if total > 0 else "-"  # noqa: E731
+    for phase, s in [*t["phases"].items(), ("(unaccounted)", t["unaccounted_seconds"])]:
+        add_row(table, phase, f"{s:.3f}", share(s))
+    add_row(table, "total", f"{total:.3f}", share(total))
+    return table
+
+
+def summary(engine: kiln.Engine, plan: Path, save_seconds: float | None = None) -> dict:
+    """What the build did, for the table and --json; `save_seconds`: how long writing the plan took."""
     info = engine.build_info
     return {"plan": str(plan), "plan_bytes": plan.stat().st_size, "device": engine.device.name,
             "backend": engine.device.backend, "onnx_nodes": info.get("onnx_nodes"),
@@ -87,6 +128,7 @@ def summary(engine: kiln.Engine, plan: Path) -> dict:
             "arena_bytes": engine.memory_plan.arena_bytes, "arena": fmt_arena(engine.memory_plan.to_json()),
             "stage_seconds": info.get("stage_seconds", {}),
             "build_seconds": info.get("build_seconds"), "notes": info.get("notes", []),
+            "build_time": build_time(info, None if save_seconds is None else {"save": save_seconds}),
             **(_quant_summary(info) if info.get("int8") else {})}
 
 
@@ -104,8 +146,9 @@ def print_summary(s: dict) -> None:
             ("ONNX nodes → layers", f"{s['onnx_nodes']} → {s['layers']} (imported as {s['imported_layers']})"),
             ("passes applied", passes), ("weights", fmt_bytes(s["weight_bytes"])),
             ("activation arena", s["arena"])]
-    rows += [(f"time: {stage}", f"{sec:.3f} s") for stage, sec in s["stage_seconds"].items()]
-    rows.append(("time: total", f"{s['build_seconds']:.3f} s"))
+    if not s.get("build_time"):
+        rows += [(f"time: {stage}", f"{sec:.3f} s") for stage, sec in s["stage_seconds"].items()]
+        rows.append(("time: total", f"{s['build_seconds']:.3f} s"))
     from kiln.quant.report import ranges_table
 
     by_label = qtypes_by_label()
@@ -116,6 +159,8 @@ def print_summary(s: dict) -> None:
                                         f"layers; scales from {quant['scales_from']}"))
     rows += [("note", note) for note in s["notes"]]
     stdout().print(key_values("Build summary", rows))
+    if s.get("build_time"):
+        stdout().print(build_time_table(s["build_time"]))
     if quant and quant["ranges"]:
         stdout().print(ranges_table(quant["ranges"], by_label[quant["precision"]]))
 
@@ -215,8 +260,9 @@ def build(
     key = load_private_key(sign_key) if sign_key else None  # a bad key fails before the build, not after
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)
+    start = time.perf_counter()
     engine.save(plan, sign_key=key, force=force)
-    s = summary(engine, plan)
+    s = summary(engine, plan, time.perf_counter() - start)
     if as_json:
         print_json(s)
     else:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from kiln.cli.build import build_time, build_time_table
 from kiln.cli.errors import command, one_line
 from kiln.cli.options import Json, Verbose, is_onnx
 from kiln.cli.options import Plugin, load_plugins
@@ -119,7 +120,8 @@ def describe_plan(path: Path, header_only: bool) -> dict:
             "size": _size_breakdown(path, p.tensors) | {"by_content": size_breakdown(net)},
             "totals": {"layers": len(layers), "onnx_nodes": build.get("onnx_nodes"),
                        "kinds": dict(collections.Counter(x.kind for x in net.layers).most_common()),
-                       "passes": build.get("passes", {}), "notes": build.get("notes", [])}}
+                       "passes": build.get("passes", {}), "notes": build.get("notes", [])},
+            "build_time": build_time(build if isinstance(build, dict) else {})}
 
 
 def _profiles(config: dict, tactics: dict, others) -> list[dict]:
@@ -282,6 +284,8 @@ def print_plan(d: dict) -> None:
             ("passes applied", ", ".join(f"{k} ×{n}" for k, n in t["passes"].items()) or "none")]
     rows += [("note", n) for n in t["notes"]]
     stdout().print(key_values("Memory and totals", rows))
+    if d.get("build_time"):
+        stdout().print(build_time_table(d["build_time"]))
 
 
 def _print_profiles(profiles: list[dict]) -> None:

@@ -44,7 +44,8 @@ def retune(
     info = dict(engine.build_info.get("retune") or {})
     s = {"plan": str(output), "plan_bytes": output.stat().st_size, "device": engine.device.name,
          "tuned_before_on": info.get("from"), "differences": info.get("differences", []),
-         "layers": info.get("layers"), "tactics_changed": info.get("changed"), "seconds": info.get("seconds"),
+         "layers": info.get("layers"), "profiles": engine.profile_count, "tactics_changed": info.get("changed"),
+         "seconds": info.get("seconds"),
          "timing_cache": info.get("timing_cache"), "signed": key is not None}
     if as_json:
         print_json(s)
@@ -52,6 +53,7 @@ def retune(
     rows = [("plan", f"{s['plan']} ({fmt_bytes(s['plan_bytes'])})"), ("device", s["device"]),
             ("tuned before on", s["tuned_before_on"]),
             ("layers", f"{s['layers']} ({s['tactics_changed']} changed tactic or config)"),
+            ("optimization profiles", f"{s['profiles']}, each re-tuned"),
             ("time", f"{s['seconds']:.3f} s")]
     if s["timing_cache"]:
         tc = s["timing_cache"]

@@ -21,6 +21,7 @@ from kiln.kinds.qtype import FP8, INT8, QType
 from kiln.quant.calibrate import calibration_data, collect, scales_from
 from kiln.quant.int8 import apply_int8, candidates
 from kiln.quant.scheme import QuantScales, for_qtype
+from kiln.util.phases import PhaseTimes
 
 NO_SCALES = ("give calibration data (--calib DATA) or a calibration cache (--calib-cache FILE, made by an earlier "
              "--int8 or --fp8 build)")
@@ -84,8 +85,11 @@ def find_scales(net: Network, config: BuildConfig, device, qdq: QuantScales | No
 
 def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | None = None,
                   calib_data: Any = None, keep_float: set[str] = frozenset(),
-                  validation_data: Any = None) -> tuple[list[str], dict]:
-    """Run the int8 (or, with --fp8, fp8) rewrite on `net` in place; (notes, build-info record)."""
+                  validation_data: Any = None, phases: PhaseTimes | None = None) -> tuple[list[str], dict]:
+    """Run the int8 (or, with --fp8, fp8) rewrite on `net` in place; (notes, build-info record). `phases` records
+    the time finding scales took as "calibration" (Q/DQ, cache or calibration runs) and the accuracy budget's
+    search as "accuracy budget"."""
+    phases = phases if phases is not None else PhaseTimes()
     qtype = build_qtype(config)
     pinned = set(config.layer_precisions)  # --layer-precision NAME=... keeps a layer out of int8
     keep_float = set(keep_float) | {layer.name for layer in net.layers
@@ -93,7 +97,8 @@ def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | 
     if qtype is not INT8 and qdq is not None and (qdq.activations or qdq.weights):
         raise ConfigError("--fp8: the model has its own int8 Q/DQ nodes, which kiln honours as written; build it "
                           "with --int8 (without --fp8), or give the float model with --fp8 --calib DATA")
-    scales, where = find_scales(net, config, device, qdq, calib_data)
+    with phases.phase("calibration"):
+        scales, where = find_scales(net, config, device, qdq, calib_data)
     if scales is None:
         if qtype is not INT8:
             raise ConfigError(f"--fp8 needs activation ranges: {NO_SCALES}")
@@ -111,8 +116,9 @@ def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | 
         raise ConfigError("--accuracy needs validation data: give --validation DATA (a .npz or a folder of "
                           "NAME.npy, like --calib)")
     budget = AccuracyBudget.parse(config.accuracy)
-    feeds = validation_batches(net, source, config.calib_batch, device.torch_device)
-    fallbacks, found = search(net, scales, budget, feeds, device.torch_device, keep_float, qtype=qtype)
+    with phases.phase("accuracy budget"):
+        feeds = validation_batches(net, source, config.calib_batch, device.torch_device)
+        fallbacks, found = search(net, scales, budget, feeds, device.torch_device, keep_float, qtype=qtype)
     more, record = int8_rewrite(net, scales, where, keep_float | fallbacks, qtype)
     notes += more
     for name in found["fallbacks"]:

@@ -52,6 +52,7 @@ class Engine:
         self.has_dynamic_inputs = any(not network.tensors[n].is_static for n in network.inputs)
         self.tactics = {l.name: (tactics or {}).get(l.name) or Choice(registry.REFERENCE) for l in network.layers}
         self.compiled: dict[str, registry.Tactic] = {}  # layer → the tactic its kernel came from
+        start = time.perf_counter()
         self.kernels = [self._compile(layer) for layer in network.layers]
         # per optimization profile, its {layer: Choice} ([0] is `tactics`; a layer a profile omits takes profile 0's)
         # and the kernels of its layers whose choice differs from profile 0's (None: profile 0's kernel, shared)
@@ -65,9 +66,13 @@ class Engine:
             self._own_kernels.append([None if _same(choices[l.name], self.tactics[l.name])
                                       else self._compile(l, choices[l.name], self.profile_compiled[k])
                                       for l in network.layers])
-        t = self.compiled
-        self.memory_plan = plan_memory(network, placed={n for n in t if t[n].writes_out},
-                                       fresh={n for n in t if t[n].fresh or t[n].writes_out})
+        t, planned = self.compiled, time.perf_counter()
+        # one plan serves every profile: an output is placed (its kernel handed `out`) only where the layer's kernel
+        # takes one under every profile, and a layer is fresh only where it never aliases its inputs under any
+        self.memory_plan = plan_memory(network, placed=self._in_every_profile(t, "writes_out"),
+                                       fresh=self._in_every_profile(t, "fresh", "writes_out"))
+        # seconds setting up: the chosen kernels compiled, the memory planned (the build's phase record reads them)
+        self.setup_seconds = {"kernels": planned - start, "memory plan": time.perf_counter() - planned}
         self.shape_program = ShapeProgram(network, device.torch_device)
 
     def _compile(self, layer, choice: Choice | None = None, compiled: dict | None = None) -> Kernel:
@@ -96,6 +101,18 @@ class Engine:
                 f"layer {layer.name!r}: tactic {choice.tactic} failed to compile here ({type(e).__name__}: {e}); "
                 "running the reference instead")
             return registry.reference_kernel(spec)
+
+    def _in_every_profile(self, compiled: dict[str, registry.Tactic], *flags: str) -> set[str]:
+        """The layers whose kernel comes, under every optimization profile, from a tactic with one of `flags` set
+        (profile 0's are `compiled`; another profile's own kernel that is no compiled tactic is a reference)."""
+        def has(tactic) -> bool:
+            return tactic is not None and any(getattr(tactic, f) for f in flags)
+
+        names = {n for n, t in compiled.items() if has(t)}
+        for k, own in enumerate(self._own_kernels[1:], 1):
+            names -= {l.name for l, kernel in zip(self.network.layers, own)
+                      if kernel is not None and not has(self.profile_compiled[k].get(l.name))}
+        return names
 
     @property
     def profile_count(self) -> int:
@@ -234,12 +251,12 @@ class Engine:
                             "rebuild the plan") from None
         tuned_for = report.built
         if policy is compat.Policy.RETUNE and (report.differs or force_retune):
-            tactics, info = retune(network, config, device, tactics, str(timing_cache) if timing_cache else None,
-                                   progress)
+            profile_tactics, info = retune(network, config, device, profile_tactics,
+                                           str(timing_cache) if timing_cache else None, progress)
+            tactics = profile_tactics[0]
             build_info["retune"] = dict(info, **{"from": report.built.get("name"), "differences": report.blocking
                                                  + report.notes})
             tuned_for = None  # this device's fingerprint
-            profile_tactics = None  # the other profiles' choices were made on the other device: profile 0's serve
         try:
             engine = cls(network, config, device, source_sha256=str(p.header.get("source_sha256", "")),
                          build_info=build_info, header=p.header, tactics=tactics, tuned_for=tuned_for,
@@ -249,6 +266,8 @@ class Engine:
         except Exception as e:
             raise PlanError(f"{path}: its layers cannot be set up as the manifest describes them "
                             f"({type(e).__name__}: {printable(str(e))}); rebuild the plan") from None
+        if "retune" in build_info:
+            engine.build_info["tactics"] = engine.tactic_summary()  # the build's summary named the old device's
         for step, layer in enumerate(network.layers):
             engine.kernels[step] = _checked_once(engine, step, layer, str(path))
         engine.warm_up()

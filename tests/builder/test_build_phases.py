@@ -1,0 +1,111 @@
+"""Where build time goes: the phase recorder, the build's breakdown (build_info["build_phases"] / ["build_counts"])
+and the autotuner's counts (candidates compiled, rejected, timed; timing cache hits and misses)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln.builder import autotune
+from kiln.builder.autotune import Autotuner
+from kiln.builder.timing_cache import TimingCache
+from kiln.tactics import registry
+from kiln.tactics.spec import layer_spec
+from kiln.util.phases import PhaseTimes
+from cli.test_cli import tiny_model
+
+
+def test_phases_record_exclusive_time_and_splits_move_it():
+    p = PhaseTimes()
+    with p.phase("outer"):
+        time.sleep(0.02)
+        with p.phase("inner"):
+            time.sleep(0.03)
+    assert p.seconds["inner"] >= 0.03 and 0.02 <= p.seconds["outer"] < 0.03 + 0.02  # outer less inner
+    with p.phase("inner"):  # phases accumulate
+        pass
+    p.split("outer", "outer: part", 0.01)
+    p.split("outer", "outer: more", 10.0)  # never more than the phase holds
+    assert p.seconds["outer"] == 0.0 and p.seconds["outer: part"] == pytest.approx(0.01)
+    p.count("things")
+    p.count("things", 2)
+    assert p.to_json()["counts"] == {"things": 3} and list(p.to_json()["seconds"])[:2] == ["outer", "inner"]
+
+
+def test_a_build_accounts_for_most_of_its_time(tmp_path):
+    model = tiny_model(tmp_path / "tiny.onnx")
+    kiln.build(str(model), kiln.BuildConfig(device="cpu"))  # first build of the process: lazy imports
+    start = time.perf_counter()
+    engine = kiln.build(str(model), kiln.BuildConfig(device="cpu", fp16=True))
+    wall = time.perf_counter() - start
+    info = engine.build_info
+    phases, total = info["build_phases"], info["build_seconds"]
+    assert {"load", "import", "optimize", "specialize", "precision", "tune: other", "engine: kernels",
+            "engine: memory plan"} <= set(phases)
+    assert all(isinstance(s, float) and s >= 0 for s in phases.values())
+    assert 0.5 * total <= sum(phases.values()) <= total + 1e-5 and total <= wall
+    counts = info["build_counts"]
+    assert counts["layers"] == len(engine.network.layers)
+    assert counts.get("layers tuned", 0) == 0  # the CPU backend tunes nothing: no candidates, no timing phases
+    assert not {"tune: compile + check", "tune: timing", "calibration"} & set(phases)
+
+
+class _Tactic:
+    """A stand-in tactic: configs 0 and 1 run the reference, config 2 is wrong by one."""
+
+    name, untimed = "fake", False
+
+    def configs(self, spec, device, level):
+        return [{"c": 0}, {"c": 1}, {"c": 2}]
+
+    def compile(self, spec, config, device):
+        ref = registry.reference_kernel(spec)
+        return ref if config["c"] < 2 else (lambda xs: [o + 1 for o in ref(xs)])
+
+
+class _Device:
+    backend, torch_device, hardware_compat = "cpu", "cpu", "none"
+
+    def fingerprint(self):
+        return {"name": "fake"}
+
+
+def test_autotuner_counts_are_consistent(tmp_path, monkeypatch):
+    engine = kiln.build(str(tiny_model(tmp_path / "tiny.onnx")), kiln.BuildConfig(device="cpu",
+                                                                                    profiles=({"x": _fixed()},)))
+    net = engine.network
+    specs = [layer_spec(net, layer, engine.weights, False) for layer in net.layers]
+    assert all(s.static for s in specs)
+    monkeypatch.setattr(autotune, "device_time_us", lambda kernel, args, repeats: 1.0)
+    monkeypatch.setattr(registry, "candidates", lambda spec, device: ([_Tactic()], []))
+    phases = PhaseTimes()
+    tuner = Autotuner(_Device(), 3, False, TimingCache(tmp_path / "timing.cache"), phases=phases)
+    with torch.no_grad():
+        first = [tuner.choose(s) for s in specs]
+        again = [tuner.choose(s) for s in specs]  # from the timing cache
+    assert all(c.source == "timed" and len(c.timed) == 2 for c in first)
+    assert all(c.source == "cache" for c in again)
+    n = len(specs)
+    assert phases.counts == {"timing cache misses": n, "layers tuned": n, "candidates compiled": 3 * n,
+                             "candidates rejected": n, "candidates timed": 2 * n, "timing cache hits": n}
+    c = phases.counts
+    assert c["candidates timed"] + c["candidates rejected"] <= c["candidates compiled"]
+    assert c["layers tuned"] + c["timing cache hits"] == 2 * n
+    assert {"tune: reference", "tune: compile + check", "tune: timing"} <= set(phases.seconds)
+
+
+def _fixed():
+    return kiln.ShapeRange.fixed((2, 4))
+
+
+def test_calibration_is_its_own_phase(tmp_path):
+    model = tiny_model(tmp_path / "tiny.onnx")
+    calib = [{"x": np.random.default_rng(0).random((8, 4), np.float32)}]
+    engine = kiln.build(str(model), kiln.BuildConfig(device="cpu", int8=True), calib_data=calib)
+    phases = engine.build_info["build_phases"]
+    assert phases["calibration"] > 0 and list(phases).index("precision") < list(phases).index("calibration")
+    assert sum(phases.values()) <= engine.build_info["build_seconds"] + 1e-5
