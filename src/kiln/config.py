@@ -94,6 +94,117 @@ def _profiles(profiles) -> tuple[Profile, ...]:
     return tuple(out)
 
 
+MAX_SHAPE_BUCKETS = 16
+_BUCKETS_HELP = ("shape buckets (shape_buckets=N, --shape-buckets N) split a dynamic optimization profile; give one: "
+                 "--profile MIN OPT MAX or --min-shapes/--max-shapes (BuildConfig(profiles=[{input: (min, opt, "
+                 "max)}]))")
+
+
+def bucket_bounds(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+    """[lo, hi] cut into at most `n` contiguous, non-overlapping ranges (lo_k, hi_k) in ascending order, with geometric
+    edges: bucket k starts near lo * (hi / lo) ** (k / n) (lo taken as 1 when 0), e.g. 1..64, n=3 → 1..3, 4..15,
+    16..64. Edges that round to the same integer are merged, so a range narrower than `n` gives fewer buckets
+    (1..2, n=4 → 1..1, 2..2); a fixed range (lo == hi) or n <= 1 gives [(lo, hi)]."""
+    if n <= 1 or hi <= lo:
+        return [(lo, hi)]
+    base = max(lo, 1)
+    starts = sorted({min(hi, max(lo + 1, round(base * (hi / base) ** (k / n)))) for k in range(1, n)})
+    return list(zip([lo, *starts], [s - 1 for s in starts] + [hi]))
+
+
+def _split_axis(p: Profile) -> tuple[int, tuple[str, ...]] | None:
+    """The dimension a profile's shape buckets cut and the inputs cut along it: dim 0 of every input whose dim 0
+    varies over the same range as the first such input's (the batch), else the first varying dim of the first
+    input that varies; None for a static profile."""
+    batch = [n for n, r in p.items() if r.min and r.min[0] < r.max[0]]
+    if batch:
+        span = (p[batch[0]].min[0], p[batch[0]].max[0])
+        return 0, tuple(n for n in batch if (p[n].min[0], p[n].max[0]) == span)
+    for n, r in p.items():
+        for d, (lo, hi) in enumerate(zip(r.min, r.max)):
+            if lo < hi:
+                return d, (n,)
+    return None
+
+
+def split_profile(p: Profile, n: int) -> list[Profile]:
+    """Profile `p` as up to `n` shape buckets (see `bucket_bounds`) along its split axis (`_split_axis`): the cut
+    inputs take each bucket's range there, with opt = the user's opt where it falls inside the bucket, else the
+    bucket's max (where a throughput kernel for the bucket is tuned); every other dim and input keeps `p`'s ranges.
+    The bucket holding the user's opt comes first (so profile 0 still tunes at the opt shape given), then the others
+    in ascending order. A static profile is returned as it is."""
+    axis = _split_axis(p)
+    if axis is None:
+        return [p]
+    dim, names = axis
+    lead = p[names[0]]
+
+    def at(shape: Shape, value: int) -> Shape:
+        return shape[:dim] + (value,) + shape[dim + 1:]
+
+    out = []
+    for lo, hi in bucket_bounds(lead.min[dim], lead.max[dim], n):
+        bucket = dict(p)
+        for name in names:
+            r = p[name]
+            opt = r.opt[dim] if lo <= r.opt[dim] <= hi else hi
+            bucket[name] = ShapeRange(at(r.min, lo), at(r.opt, opt), at(r.max, hi))
+        out.append(bucket)
+    out.sort(key=lambda b: b[names[0]].opt[dim] != lead.opt[dim])  # stable: the opt's bucket first
+    return out
+
+
+def split_profiles(profiles: tuple[Profile, ...], n: int) -> tuple[tuple[Profile, ...], tuple]:
+    """Each profile split into up to `n` shape buckets (`split_profile`), in place of it: (the profiles, per profile
+    (the index of the profile it was split from, the dim cut or -1 for a static one left whole, the inputs cut)).
+    A ConfigError when no profile is dynamic."""
+    if not any(_split_axis(p) for p in profiles):
+        raise ConfigError(f"shape_buckets={n}: no optimization profile has a varying dimension to split; "
+                          f"{_BUCKETS_HELP}")
+    out, record = [], []
+    for k, p in enumerate(profiles):
+        axis = _split_axis(p)
+        buckets = split_profile(p, n)
+        out += buckets
+        record += [(k, axis[0], axis[1]) if axis else (k, -1, ())] * len(buckets)
+    return tuple(out), tuple(record)
+
+
+def _profile_buckets(record, profiles: tuple[Profile, ...]) -> tuple:
+    """A stored split record (a plan's config, `dataclasses.replace`) as tuples, or a ConfigError if it does not fit
+    the profiles."""
+    try:
+        out = tuple((int(k), int(d), tuple(str(n) for n in names)) for k, d, names in record)
+    except (TypeError, ValueError):
+        out = None
+    if out is None or len(out) != len(profiles):
+        raise ConfigError("BuildConfig profile_buckets is written by the shape-bucket split (one entry per profile); "
+                          "leave it out and give shape_buckets=N")
+    return out
+
+
+def bucket_notes(config: "BuildConfig") -> list[str]:
+    """What the shape-bucket split did, one build note per profile the user gave."""
+    if config.shape_buckets <= 1 or not config.profile_buckets:
+        return []
+    groups: dict[int, list[int]] = {}
+    for i, (k, _, _) in enumerate(config.profile_buckets):
+        groups.setdefault(k, []).append(i)
+    notes = []
+    for k, members in groups.items():
+        _, dim, names = config.profile_buckets[members[0]]
+        if dim < 0:
+            notes.append(f"shape buckets: profile {k} is static, not split (it is profile {members[0]})")
+            continue
+        along = f"the batch (dim 0 of {', '.join(names)})" if dim == 0 else \
+            f"dim {dim} of {names[0]} (no input's dim 0 varies)"
+        ranges = ", ".join(f"{i}: {r.min[dim]}..{r.max[dim]} (opt {r.opt[dim]})"
+                           for i, r in ((i, config.profiles[i][names[0]]) for i in members))
+        notes.append(f"shape buckets: profile {k} split along {along} into {len(members)} profiles, each tuned at "
+                     f"its opt: {ranges}")
+    return notes
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """What to build: precisions, shape profiles, tuning effort, target device."""
@@ -120,6 +231,8 @@ class BuildConfig:
     accuracy: str | None = None         # --int8/--fp8 accuracy budget, e.g. "cosine>=0.995" (kiln.quant.budget)
     validation: str | None = None       # the budget's validation data (.npz or folder of NAME.npy)
     hardware_compat: str = "none"   # none | same-cc | portable: the devices the plan's tactics must be valid on
+    shape_buckets: int = 1          # split each dynamic profile into up to N batch buckets (split_profiles); 1: off
+    profile_buckets: tuple = ()     # written by the split: per profile (profile given, dim cut, inputs cut)
 
     def __post_init__(self):
         self._check_types()
@@ -133,6 +246,18 @@ class BuildConfig:
         if self.fp16 and self.bf16:
             raise ConfigError("choose one of fp16 and bf16")
         object.__setattr__(self, "profiles", _profiles(self.profiles))
+        if not 1 <= self.shape_buckets <= MAX_SHAPE_BUCKETS:
+            raise ConfigError(f"shape_buckets (--shape-buckets) must be 1..{MAX_SHAPE_BUCKETS}, got "
+                              f"{self.shape_buckets}")
+        if self.profile_buckets:  # already split (a plan's config, dataclasses.replace): not split again
+            object.__setattr__(self, "profile_buckets", _profile_buckets(self.profile_buckets, self.profiles))
+        elif self.shape_buckets > 1:
+            if not self.profiles:
+                raise ConfigError(f"shape_buckets={self.shape_buckets} but there is no optimization profile; "
+                                  f"{_BUCKETS_HELP}")
+            split, record = split_profiles(self.profiles, self.shape_buckets)
+            object.__setattr__(self, "profiles", split)
+            object.__setattr__(self, "profile_buckets", record)
         if self.calib_batch < 1 or not 0 < self.calib_percentile <= 100:
             raise ConfigError("calib_batch must be >= 1 and calib_percentile in (0, 100]")
         if self.accuracy is not None:

@@ -18,7 +18,7 @@ from kiln.builder.autotune import tune, tune_profiles
 from kiln.target.device import Device, detect
 from kiln.builder.specialize import needs_specialization, observe_shapes, refine_shapes, specialize_shapes
 from kiln.builder.timing_cache import TimingCache
-from kiln.config import BuildConfig
+from kiln.config import BuildConfig, bucket_notes
 from kiln.errors import ConfigError, ResourceLimitError
 from kiln.frontend.onnx import import_onnx, load_onnx
 from kiln.frontend.onnx.limits import ModelLimits
@@ -146,6 +146,15 @@ def profile_tensor_shapes(net: Network, config: BuildConfig, device: Device) -> 
             for k in range(len(config.profiles))] or [{}]
 
 
+def shape_bucket_record(config: BuildConfig) -> list[dict]:
+    """build_info["shape_buckets"]: per profile the user gave, the profiles its shape buckets became (indices into
+    config.profiles), the dim they cut (-1: a static profile, not split) and the inputs cut along it."""
+    out: dict[int, dict] = {}
+    for i, (k, dim, names) in enumerate(config.profile_buckets):
+        out.setdefault(k, {"profile": k, "dim": dim, "inputs": list(names), "profiles": []})["profiles"].append(i)
+    return list(out.values())
+
+
 def static_input_shapes(config: BuildConfig) -> dict[str, tuple[int, ...]]:
     """Inputs whose shape is fixed in every profile: the importer specializes them."""
     if not config.profiles:
@@ -178,6 +187,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         ctx = BuildContext(config, detect(config.device, config.hardware_compat), progress or (lambda *a: None),
                            phases=phases)
         ctx.notes += _unhonoured(config, ctx.device)
+        ctx.notes += bucket_notes(config)
         check_quant_options(config)
         check_fp8(config, ctx.device, calib_data)
         if config.hardware_compat != "none":
@@ -249,6 +259,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
             "layers": len(net.layers), "passes": pctx.log, "notes": ctx.notes}
     if int8_info:
         info["int8"] = int8_info
+    if config.profile_buckets:
+        info["shape_buckets"] = shape_bucket_record(config)
     phases.count("layers", len(net.layers))
 
     def tune_stage():  # "tune: other": device weights, timing cache, observed shapes, the autotuner's bookkeeping

@@ -14,8 +14,8 @@ import kiln
 from kiln.cli.errors import command
 from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Calibrator, CalibPercentile, Device, Force,
                               Fp8, Fp16, HardwareCompatOption, Int8, Json, KeepIoPrecision, LayerPrecision, MaxShapes,
-                              MemoryPool, MinShapes, OptLevel, OptShapes, Profiles, Shapes, SignKey, Tf32, TimingCache,
-                              Validation, Verbose, parse_memory_pools, parse_shapes)
+                              MemoryPool, MinShapes, OptLevel, OptShapes, Profiles, ShapeBuckets, Shapes, SignKey, Tf32,
+                              TimingCache, Validation, Verbose, parse_memory_pools, parse_shapes)
 from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
@@ -128,6 +128,7 @@ def summary(engine: kiln.Engine, plan: Path, save_seconds: float | None = None) 
             "arena_bytes": engine.memory_plan.arena_bytes, "arena": fmt_arena(engine.memory_plan.to_json()),
             "stage_seconds": info.get("stage_seconds", {}),
             "build_seconds": info.get("build_seconds"), "notes": info.get("notes", []),
+            "profiles": engine.config.to_json()["profiles"],
             "build_time": build_time(info, None if save_seconds is None else {"save": save_seconds}),
             **(_quant_summary(info) if info.get("int8") else {})}
 
@@ -166,10 +167,10 @@ def print_summary(s: dict) -> None:
 
 
 BUILD_DEFAULTS = dict(fp16=False, bf16=False, int8=False, fp8=False, tf32=False, min_shapes=None, opt_shapes=None,
-                      max_shapes=None, profile=None, timing_cache=None, opt_level=3, layer_precision=None,
-                      keep_io_precision=True, memory_pool=None, hardware_compat="none", calib=None,
-                      calibrator="entropy", calib_cache=None, calib_batch=16, calib_percentile=99.99, accuracy=None,
-                      validation=None)
+                      max_shapes=None, profile=None, shape_buckets=1, timing_cache=None, opt_level=3,
+                      layer_precision=None, keep_io_precision=True, memory_pool=None, hardware_compat="none",
+                      calib=None, calibrator="entropy", calib_cache=None, calib_batch=16, calib_percentile=99.99,
+                      accuracy=None, validation=None)
 
 
 def build_flags_given(flags: dict) -> list[str]:
@@ -201,7 +202,7 @@ def build_config(shapes: dict[str, tuple[int, ...]], device: str, cuda_graph: bo
                             hardware_compat=f["hardware_compat"], calib=path(f["calib"]), calibrator=f["calibrator"],
                             calib_cache=path(f["calib_cache"]), calib_batch=f["calib_batch"],
                             calib_percentile=f["calib_percentile"], accuracy=f["accuracy"],
-                            validation=path(f["validation"]))
+                            validation=path(f["validation"]), shape_buckets=f["shape_buckets"])
 
 
 @command
@@ -219,6 +220,7 @@ def build(
     opt_shapes: OptShapes = None,
     max_shapes: MaxShapes = None,
     profile: Profiles = None,
+    shape_buckets: ShapeBuckets = 1,
     timing_cache: TimingCache = None,
     opt_level: OptLevel = 3,
     device: Device = "auto",
@@ -252,7 +254,8 @@ def build(
     files.check(plan, KIND, force=force, what="plan file")  # before the build, not after it
     config = build_config(parse_shapes(shapes), device, cuda_graph, fp16=fp16, bf16=bf16, int8=int8, fp8=fp8,
                           tf32=tf32, min_shapes=min_shapes, opt_shapes=opt_shapes, max_shapes=max_shapes,
-                          profile=profile, timing_cache=timing_cache, opt_level=opt_level,
+                          profile=profile, shape_buckets=shape_buckets, timing_cache=timing_cache,
+                          opt_level=opt_level,
                           layer_precision=layer_precision, keep_io_precision=keep_io_precision, memory_pool=memory_pool,
                           hardware_compat=hardware_compat, calib=calib, calibrator=calibrator,
                           calib_cache=calib_cache, calib_batch=calib_batch, calib_percentile=calib_percentile,

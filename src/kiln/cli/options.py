@@ -139,6 +139,13 @@ class ProfileCommand(TyperCommand):
         for param in self.params:
             if param.name == "profile":
                 param.nargs, param.metavar = 3, "MIN OPT MAX"
+
+
+ShapeBuckets = Annotated[int, typer.Option(
+    "--shape-buckets", metavar="N",
+    help="Split each dynamic profile into up to N (1..16) batch buckets, one tactic table per bucket, each tuned at "
+         "its own opt shape (the bucket's max, or your opt where it falls inside); the engine picks the bucket "
+         "holding each run's shapes. Needs --profile or --min/--max-shapes. 1: off.")]
 TimingCache = Annotated[Optional[Path], typer.Option("--timing-cache", help="Timing cache file to reuse.")]
 OptLevel = Annotated[int, typer.Option("--opt-level", help="Tuning effort, 0..5.")]
 LayerPrecision = Annotated[Optional[list[str]], typer.Option(

@@ -18,7 +18,7 @@ from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Cal
                               MaxShapes, MemoryPool, MinShapes, ModelPath, OptLevel, OptShapes, Policy, Profiles, Seed,
                               Shapes, Tf32, TimingCache, Validation, Verbose, VerifyKey, parse_shapes)
 from kiln.cli.options import Nvtx, nvtx_on
-from kiln.cli.options import Plugin, load_plugins
+from kiln.cli.options import Plugin, ShapeBuckets, load_plugins
 from kiln.cli.output import add_row, print_json, status, stdout
 from kiln.util import files
 
@@ -88,6 +88,7 @@ def profile(
     opt_shapes: OptShapes = None,
     max_shapes: MaxShapes = None,
     profile: Profiles = None,
+    shape_buckets: ShapeBuckets = 1,
     timing_cache: TimingCache = None,
     opt_level: OptLevel = 3,
     layer_precision: LayerPrecision = None,
