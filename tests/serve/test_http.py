@@ -3,6 +3,8 @@ process (uvicorn on 127.0.0.1) driven by tritonclient.http and by raw HTTP."""
 
 from __future__ import annotations
 
+import contextlib
+
 import gzip
 import http.client
 import json
@@ -132,15 +134,25 @@ def server(tmp_path_factory):
     engine = kiln.build(str(onnx_path), kiln.BuildConfig(device="cpu", profiles=({"x": ((1, 4), (4, 4), (64, 4))},)))
     engine.save(str(folder / "model.plan"))
     (root / MODEL / "config.toml").write_text("[dynamic_batching]\nmax_queue_delay_microseconds = 2000\n")
+    with serving(root, "--max-body-bytes", str(LIMIT), grpc=False, timeout_s=60) as (url, _, proc, log):
+        yield url, proc, log
+
+
+@contextlib.contextmanager
+def serving(root: Path, *extra: str, grpc: bool = True, timeout_s: float = 120.0):
+    """A `kiln serve ROOT` process on the CPU and free loopback ports, ready; yields (HTTP url, gRPC url or None,
+    process, log path) and stops it after."""
     log = root.parent / "serve.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(root), "--http-port", "0",
-                                 "--grpc-port", "-1", "--metrics-port", "-1", "--device", "cpu",
-                                 "--max-body-bytes", str(LIMIT)], stdout=subprocess.DEVNULL, stderr=err, env=env)
+                                 "--grpc-port", "0" if grpc else "-1", "--metrics-port", "-1", "--device", "cpu",
+                                 *extra], stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        url = _wait_ready(proc, log)
-        yield url, proc, log
+        url = _wait_ready(proc, log, timeout_s)
+        grpc_url = next((line.split("gRPC on ")[1].strip() for line in log.read_text().splitlines()
+                         if "gRPC on" in line), None) if grpc else None
+        yield url, grpc_url, proc, log
     finally:
         stop(proc)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_http import _wait_ready, stop
+from test_http import serving
 
 from kiln.cli.loadgen import check_url, run_load
 
@@ -36,17 +35,8 @@ def server(tmp_path_factory):
     (root / "slow" / "config.toml").write_text(
         f"max_batch_size = {BATCH}\n[dynamic_batching]\nmax_queue_delay_microseconds = 400000\n"
         f"max_queue_size = {QUEUE}\n")
-    log = root.parent / "serve.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(root), "--http-port", "0",
-                                 "--grpc-port", "0", "--metrics-port", "-1", "--device", "cpu"],
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        url = _wait_ready(proc, log, timeout_s=120)
-        grpc_url = next(line.split("gRPC on ")[1].strip() for line in log.read_text().splitlines() if "gRPC on" in line)
+    with serving(root) as (url, grpc_url, proc, log):
         yield url, grpc_url, proc, log
-    finally:
-        stop(proc)
 
 
 def _post(url: str, model: str, x: np.ndarray, timeout: float = 30) -> tuple[int, dict]:

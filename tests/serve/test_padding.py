@@ -11,9 +11,6 @@ attention outputs are compared at float32 tolerance (rtol 1e-5, atol 1e-6), the 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +20,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_http import _wait_ready, stop
+from test_http import serving
 
 import kiln
 from kiln.errors import ConfigError
@@ -244,16 +241,8 @@ def server(tmp_path_factory):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.onnx").write_bytes(model)
         (root / name / "config.toml").write_text(f"max_batch_size = {MAX_BATCH}\n{PROFILES}{batching}{extra}")
-    log = root.parent / "serve.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(root), "--http-port", "0",
-                                 "--grpc-port", "-1", "--metrics-port", "-1", "--device", "cpu"],
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        url = _wait_ready(proc, log, timeout_s=120)
+    with serving(root, grpc=False) as (url, *_):
         yield url, root
-    finally:
-        stop(proc)
 
 
 def _concurrent(url: str, model: str, requests: list[dict]) -> list[dict]:

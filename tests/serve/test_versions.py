@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_http import _wait_ready, stop
+from test_http import serving
 
 from kiln.errors import ConfigError
 from kiln.serve import ModelConfig, ModelNotFound, ModelNotReady, ModelRepository
@@ -182,17 +179,8 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("versions") / "models"
     make_model(root, "m", config="[version_policy]\nspecific = {versions = [1, 3]}\n"
                                  "[dynamic_batching]\nmax_queue_delay_microseconds = 1000\n")
-    log = root.parent / "serve.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(root), "--http-port", "0",
-                                 "--grpc-port", "0", "--metrics-port", "-1", "--device", "cpu"],
-                                stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        url = _wait_ready(proc, log, timeout_s=120)
-        grpc_url = next(line.split("gRPC on ")[1].strip() for line in log.read_text().splitlines() if "gRPC on" in line)
+    with serving(root) as (url, grpc_url, _, log):
         yield url, grpc_url, log
-    finally:
-        stop(proc)
 
 
 def _request(url: str, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
