@@ -23,6 +23,7 @@ from kiln.errors import ConfigError, InputError, ModelError
 from kiln.runtime import Engine
 
 _BUILD_FIELDS = {f.name for f in fields(BuildConfig)}
+_SHAPE_FIELDS = {"profiles", "profile_buckets"}  # come from example_inputs and dynamic=, never from the caller
 _BUILD_ARGS = ("calib_data", "validation_data")
 QUICK_KEYS = 256  # distinct all-tensor call signatures remembered for the quick path
 
@@ -103,9 +104,9 @@ class CompiledModule:
         # backend's lifted parameters and buffers); the cache key holds their identity and version
         self.freeze = freeze
         unknown = sorted(set(build_options) - _BUILD_FIELDS - set(_BUILD_ARGS))
-        if unknown or {"fp16", "bf16", "int8", "device", "profiles"} & set(build_options):
+        if unknown or {"fp16", "bf16", "int8", "device", *_SHAPE_FIELDS} & set(build_options):
             raise ConfigError(f"kiln.compile: unknown build options {unknown or sorted(build_options)}; give "
-                              f"BuildConfig fields ({', '.join(sorted(_BUILD_FIELDS - {'profiles'}))}) or "
+                              f"BuildConfig fields ({', '.join(sorted(_BUILD_FIELDS - _SHAPE_FIELDS))}) or "
                               f"{', '.join(_BUILD_ARGS)}; shapes come from example_inputs and dynamic=")
         self.build_args = {k: build_options.pop(k) for k in _BUILD_ARGS if k in build_options}
         self.options = dict(fp16=fp16, bf16=bf16, int8=int8, device=device, **build_options)
