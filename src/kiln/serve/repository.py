@@ -123,9 +123,10 @@ class ModelRepository:
         """The READY model `name` at `version` (None or "": its newest READY version). ModelNotFound for a version
         the model does not serve (no such folder, or not selected by its version_policy), ModelNotReady for one that
         is not loaded (unloaded, failed, loading)."""
-        self._folder(name)
-        with self._lock:
-            entries = dict(self._entries.get(name, {}))
+        with self._lock:  # a loaded model's name was checked when it loaded: no path resolution per request
+            entries = dict(self._entries.get(name, {})) if isinstance(name, str) else {}
+        if not entries:
+            self._folder(name)
         if self._closing:
             raise ModelNotReady(f"model {name!r} is not ready: the server is shutting down")
         if version in (None, ""):
