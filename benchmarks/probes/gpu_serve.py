@@ -16,10 +16,12 @@ are skipped and say so):
    numpy in → numpy out (as the server does) and device-resident.
 3. `python -m kiln serve REPO --device cuda` as a subprocess, then over gRPC (tritonclient): concurrency 1 (median,
    p99, against the _nodelay copy and against the model as configured; server adds = the _nodelay p50 - engine host
-   p50); concurrency --concurrency with batch-1 requests from --clients
-   processes each running kiln.cli.loadgen.run_load (infer/s summed, per-process p50 averaged by request count, p99
-   the worst process's; errors; ratio to offline items/s; mean executed batch from the server's statistics); bert at
-   2x that concurrency against bert_bounded (requests answered to clients vs requests the server counted).
+   p50; server-side means per request from the statistics read before and after: success, queue, compute_input /
+   infer / output, and outside the server = client p50 / mean - success); concurrency --concurrency with batch-1
+   requests from --clients processes each running kiln.cli.loadgen.run_load (infer/s summed, per-process p50
+   averaged by request count, p99 the worst process's; errors; ratio to offline items/s; mean executed batch from the
+   server's statistics); bert at 2x that concurrency against bert_bounded (requests answered to clients vs requests
+   the server counted).
 4. minilm: batch-1 requests of random length in 8..256 at --minilm-concurrency; a burst of 16 concurrent requests
    compared with the engine run alone on each (max abs diff); mean executed batch.
 5. memory: --memory-requests minilm seq-16 requests at --concurrency (capped to what the measured rate finishes in
@@ -341,6 +343,40 @@ def statistics(url: str, model: str) -> dict:
     return out
 
 
+STAGES = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def stage_totals(url: str, model: str) -> dict:
+    """The model's Triton statistics stages summed over its versions: stage → [count, ns]."""
+    import tritonclient.grpc as gc
+
+    client = gc.InferenceServerClient(url)
+    try:
+        raw = client.get_inference_statistics(model_name=model, as_json=True)
+    finally:
+        client.close()
+    out = {k: [0, 0] for k in STAGES}
+    for m in raw.get("model_stats", []):
+        for k in STAGES:
+            d = m.get("inference_stats", {}).get(k, {})
+            out[k][0] += int(d.get("count", 0) or 0)
+            out[k][1] += int(d.get("ns", 0) or 0)
+    return out
+
+
+def stage_means(before: dict, after: dict) -> dict:
+    """Server-side ms per request of each stage between two `stage_totals`, and `other` (success less the stages:
+    the hand-offs to and from the engine's worker thread and the event loop)."""
+    out = {}
+    for k in STAGES:
+        n, ns = after[k][0] - before[k][0], after[k][1] - before[k][1]
+        out[f"{k}_ms"] = ns / n / 1e6 if n else None
+    out["requests"] = after["success"][0] - before["success"][0]
+    parts = [out[f"{k}_ms"] for k in STAGES[1:]]
+    out["other_ms"] = out["success_ms"] - sum(parts) if None not in parts and out["success_ms"] is not None else None
+    return out
+
+
 def stats_delta(before: dict, after: dict) -> dict:
     d = {k: after[k] - before[k] for k in before}
     d["answered"] = d["success"] + d["fail"]
@@ -541,16 +577,22 @@ class Probe:
                 ins.append(inp)
             for _ in range(30):
                 client.infer(model, ins)
+            before = stage_totals(self.server.url, model)
             ms = []
             for _ in range(self.args.requests):
                 t = time.perf_counter()
                 client.infer(model, ins)
                 ms.append((time.perf_counter() - t) * 1e3)
+            server = stage_means(before, stage_totals(self.server.url, model))
         finally:
             client.close()
         ms = np.asarray(ms)
-        return {"requests": len(ms), "p50_ms": float(np.median(ms)), "p99_ms": _pct(ms, 99),
-                "mean_ms": float(ms.mean())}
+        out = {"requests": len(ms), "p50_ms": float(np.median(ms)), "p99_ms": _pct(ms, 99),
+               "mean_ms": float(ms.mean()), "server": server}
+        if server["success_ms"] is not None:
+            out["outside_server_p50_ms"] = out["p50_ms"] - server["success_ms"]
+            out["outside_server_mean_ms"] = out["mean_ms"] - server["success_ms"]
+        return out
 
     def load(self, model: str, feeds: dict, concurrency: int, *, duration: float | None = None,
              requests: int | None = None) -> dict:
@@ -785,6 +827,22 @@ class Probe:
                 f"{f(many.get('infer_per_s'), 0)} | {f(many.get('p50_ms'))} / "
                 f"{f(many.get('p99_ms'))} | {f(many.get('ratio_to_offline_b64'))} | {f(many.get('mean_batch'), 1)} | "
                 f"{many.get('failed', '-')} |")
+        lines += ["", "Concurrency 1, server side (Triton statistics over the measured requests, mean ms per request; "
+                  "other = success less the four stages: hand-offs to / from the engine thread and the event loop; "
+                  "outside = client latency less the server's success, i.e. client, network and gRPC stack):", "",
+                  "| model | client p50 / mean | success | queue | compute_input | compute_infer | compute_output | "
+                  "other | outside p50 / mean |", "|---|---|---|---|---|---|---|---|---|"]
+        for key in ("resnet50", "bert"):
+            one = p.get(f"c1 {key}") or {}
+            for row in (one, one.get("configured") or {}):
+                sv = row.get("server")
+                if not sv:
+                    continue
+                name = row.get("model", key)
+                lines.append(
+                    f"| {name} | {f(row.get('p50_ms'), 3)} / {f(row.get('mean_ms'), 3)} | "
+                    + " | ".join(f(sv.get(f"{k}_ms"), 3) for k in STAGES) + f" | {f(sv.get('other_ms'), 3)} | "
+                    f"{f(row.get('outside_server_p50_ms'), 3)} / {f(row.get('outside_server_mean_ms'), 3)} |")
         lines.append("")
         o = p.get(f"overload c{2 * c} bert") or {}
         if "infer_per_s" in o:

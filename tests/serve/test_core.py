@@ -191,7 +191,9 @@ def test_metrics_render(repo):
     text = repo.metrics.render().decode()
     assert 'kiln_inference_requests_total{model="affine",status="success",version="1"}' in text
     assert 'status="BadRequest"' in text
-    for name in ("kiln_inference_batch_size", "kiln_inference_queue_seconds", "kiln_inference_compute_seconds"):
+    for name in ("kiln_inference_batch_size", "kiln_inference_queue_seconds", "kiln_inference_compute_seconds",
+                 "kiln_inference_request_seconds", "kiln_inference_compute_input_seconds",
+                 "kiln_inference_compute_output_seconds"):
         assert name in text
 
 

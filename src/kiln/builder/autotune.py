@@ -18,6 +18,7 @@ from kiln.ir import DType, Network
 from kiln.kinds import qtype as qtypes, quantized
 from kiln.tactics import registry
 from kiln.tactics.choice import Choice
+from kiln.tactics.common import cudnn_search
 from kiln.tactics.spec import LayerSpec, layer_spec
 from kiln.util.phases import PhaseTimes
 from kiln.util.timing import device_time_us
@@ -295,6 +296,7 @@ def tune(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int,
                          [{"opt": tuning_shapes}], phases)[0]
 
 
+@cudnn_search()
 def tune_profiles(net: Network, weights: dict[str, torch.Tensor], device, opt_level: int, tf32: bool,
                   cache: TimingCache | None, progress: Callable[[str, int, int], None], workspace: int | None = None,
                   profile_shapes: list[dict[str, dict[str, tuple] | None]] = (),

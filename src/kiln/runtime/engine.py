@@ -25,6 +25,7 @@ from kiln.runtime.memory_plan import plan_memory
 from kiln.runtime.shape_program import ShapeProgram
 from kiln.tactics import registry
 from kiln.tactics.choice import Choice
+from kiln.tactics.common import cudnn_search
 from kiln.tactics.host_inputs import HOST_INPUTS, with_host_constants
 from kiln.tactics.registry import Kernel
 from kiln.tactics.spec import layer_spec
@@ -171,16 +172,20 @@ class Engine:
         engine.warm_up()
         return engine
 
+    @cudnn_search()
     def warm_up(self) -> None:
-        """Run a dynamic GPU engine on zeros at each profile's min, opt, max and one interior shape, so that its
-        kernels are compiled for every shape class they specialize on (Triton: sizes of 1, multiples of 16) and a
-        first call at a new shape inside the profiles compiles nothing."""
+        """Run a GPU engine on zeros, with cuDNN's algorithm search on, at its shapes: a static engine's one, and each
+        profile's min, opt, max and one interior shape; so these shapes run cuDNN's timed picks and kernels are
+        compiled for every shape class they specialize on (Triton: sizes of 1, multiples of 16). A first call at a
+        new shape then compiles and searches nothing (cuDNN takes its heuristic pick there)."""
         net = self.network
-        if self.device.backend != "cuda" or not self.has_dynamic_inputs or not self.config.profiles \
-                or any(net.tensors[n].kind != "tensor" for n in net.inputs):
+        if self.device.backend != "cuda" or any(net.tensors[n].kind != "tensor" for n in net.inputs) \
+                or (self.has_dynamic_inputs and not self.config.profiles):
             return
         start = time.perf_counter()
-        for profile, point in ((k, x) for k, p in enumerate(self.config.profiles) for x in probe_points((p,))):
+        points = [(k, x) for k, p in enumerate(self.config.profiles) for x in probe_points((p,))] \
+            if self.has_dynamic_inputs else [("auto", {})]
+        for profile, point in points:
             ctx = ExecutionContext(self, cuda_graph=False, profile=profile)
             feeds = {n: torch.zeros(point.get(n, net.tensors[n].shape), dtype=net.tensors[n].dtype.torch,
                                     device=self.device.torch_device) for n in net.inputs}

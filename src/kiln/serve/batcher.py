@@ -24,13 +24,26 @@ MAX_GRAPHS = 256  # CUDA graphs an execution context keeps at most: one per batc
 
 @dataclass
 class BatchRecord:
-    """What one executed batch reports: rows, request count, engine time, each request's queue wait, success."""
+    """What one executed batch reports: rows, request count, engine time, each request's queue wait, success, and
+    the time to assemble its inputs (concatenation, padding) and split its outputs."""
 
     rows: int
     requests: int
     compute_ns: int
     queue_ns: list[int]
     ok: bool
+    input_ns: int = 0
+    output_ns: int = 0
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """One request's nanoseconds by Triton's stages; the batcher adds its batch's share when the batch is done."""
+
+    queue_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
 
 
 @dataclass(eq=False)
@@ -45,6 +58,7 @@ class Request:
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     timer: asyncio.TimerHandle | None = None
     length: int | None = None
+    timing: RequestTiming | None = None
 
 
 @dataclass(eq=False)
@@ -101,8 +115,10 @@ class DynamicBatcher:
         """Requests waiting in the queue now."""
         return 0 if self._state is None else len(self._state.pending)
 
-    async def submit(self, inputs: dict[str, np.ndarray], rows: int, timeout_s: float | None = None) -> dict:
-        """Queue one request (inputs already validated) and wait for exactly its rows of every output."""
+    async def submit(self, inputs: dict[str, np.ndarray], rows: int, timeout_s: float | None = None,
+                     timing: RequestTiming | None = None) -> dict:
+        """Queue one request (inputs already validated) and wait for exactly its rows of every output; `timing`
+        gets its queue wait and its batch's input assembly, engine and output split times."""
         if self._closed:
             raise ModelNotReady(f"model {self.name!r} is unloading; no new requests are accepted")
         state = self._bind()
@@ -110,7 +126,7 @@ class DynamicBatcher:
             raise QueueFull(f"model {self.name!r}: the queue is full ({self.max_queue_size} requests waiting); "
                             "retry later", http_status=self.reject_status)
         key, length = self._key(inputs)
-        req = Request(inputs, rows, key, state.loop.create_future(), length=length)
+        req = Request(inputs, rows, key, state.loop.create_future(), length=length, timing=timing)
         if timeout_s:
             req.timer = state.loop.call_later(timeout_s, self._expire, state, req, timeout_s)
         req.future.add_done_callback(lambda _f: self._forget(state, req))
@@ -256,6 +272,7 @@ class DynamicBatcher:
             return
         start = time.perf_counter_ns()
         queue_ns = [start - r.enqueued_ns for r in live]
+        input_ns = infer_ns = 0
         try:
             rows = sum(r.rows for r in live)
             padded = self._padded_length(live, rows)
@@ -264,26 +281,34 @@ class DynamicBatcher:
             bucket = self._bucket(rows, padded)
             if bucket > rows:
                 feeds = {k: np.concatenate([v, np.repeat(v[-1:], bucket - rows, axis=0)]) for k, v in feeds.items()}
-            outputs = await state.loop.run_in_executor(self._executor, self._execute, feeds)
+            input_ns = time.perf_counter_ns() - start
+            outputs, infer_ns = await state.loop.run_in_executor(self._executor, self._execute, feeds)
+            split_start = time.perf_counter_ns()
             answers = self._split(live, outputs, bucket, padded) if self.max_batch_size else [outputs]
+            output_ns = time.perf_counter_ns() - split_start
         except Exception as e:  # every request of the batch gets exactly one answer
-            self._report(BatchRecord(sum(r.rows for r in live), len(live), time.perf_counter_ns() - start,
-                                     queue_ns, False))
+            self._report(BatchRecord(sum(r.rows for r in live), len(live), infer_ns, queue_ns, False, input_ns))
             err = e if isinstance(e, ServeError) else _engine_error(self.name, e)
             for r in live:
                 if not r.future.done():
                     r.future.set_exception(err)
             return
-        self._report(BatchRecord(rows, len(live), time.perf_counter_ns() - start, queue_ns, True))
-        for r, answer in zip(live, answers):
+        self._report(BatchRecord(rows, len(live), infer_ns, queue_ns, True, input_ns, output_ns))
+        for r, waited, answer in zip(live, queue_ns, answers):
+            if (t := r.timing) is not None:
+                t.queue_ns, t.infer_ns = waited, infer_ns
+                t.input_ns += input_ns
+                t.output_ns += output_ns
             if not r.future.done():
                 r.future.set_result(answer)
 
-    def _execute(self, feeds: dict) -> dict:
-        """On a worker thread: run the engine on a free execution context."""
+    def _execute(self, feeds: dict) -> tuple[dict, int]:
+        """On a worker thread: run the engine on a free execution context; (outputs, nanoseconds of the run)."""
         ctx = self._contexts.get()
         try:
-            return ctx.run(feeds)
+            start = time.perf_counter_ns()
+            outputs = ctx.run(feeds)
+            return outputs, time.perf_counter_ns() - start
         finally:
             self._contexts.put(ctx)
 

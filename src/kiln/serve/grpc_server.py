@@ -16,6 +16,7 @@ import functools
 import inspect
 import logging
 import math
+import time
 
 import grpc
 import numpy as np
@@ -123,6 +124,16 @@ def decode_inputs(request) -> dict[str, np.ndarray]:
     return inputs
 
 
+def encode_response(model, request_id: str, requested: list[str] | None, outputs: dict[str, np.ndarray]):
+    """The ModelInferResponse carrying `outputs` (in `requested` order, else theirs) as raw little-endian bytes."""
+    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request_id)
+    for name in requested or list(outputs):
+        array = np.asarray(outputs[name])
+        response.outputs.add(name=name, datatype=numpy_to_v2(array.dtype), shape=list(array.shape))
+        response.raw_output_contents.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
+    return response
+
+
 def _timeout_s(request, context) -> float | None:
     """The sooner of the request's "timeout" parameter (microseconds, as Triton reads it) and the call's deadline."""
     limits = []
@@ -179,19 +190,16 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request, context):
+        start = time.perf_counter_ns()
         model = self._get(request.model_name, request.model_version)
         inputs = decode_inputs(request)
         requested = [o.name for o in request.outputs] or None
         if requested is not None and len(set(requested)) != len(requested):
             raise BadRequest(f"an output is requested twice: {requested}")
-        outputs = await model.infer(inputs, requested, timeout_s=_timeout_s(request, context))
-        response = service_pb2.ModelInferResponse(model_name=model.name, model_version=str(model.version),
-                                                  id=request.id)
-        for name in requested or list(outputs):
-            array = np.asarray(outputs[name])
-            response.outputs.add(name=name, datatype=numpy_to_v2(array.dtype), shape=list(array.shape))
-            response.raw_output_contents.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
-        return response
+        timeout_s = _timeout_s(request, context)
+        encode = functools.partial(encode_response, model, request.id, requested)
+        return await model.infer(inputs, requested, timeout_s=timeout_s, start_ns=start,
+                                 decode_ns=time.perf_counter_ns() - start, encode=encode)
 
     @_rpc
     async def ModelStatistics(self, request, context):

@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import json
 import math
+import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -313,8 +314,10 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
         return {"model_stats": [m.statistics() for m in repo.models(name, version)]}
 
     async def infer(request: Request, name: str, version: str | None = None):
+        start = time.perf_counter_ns()
         served = model(name, version)
         body = await read_body(request, max_body_bytes)
+        decode_start = time.perf_counter_ns()  # the body's transfer is in `success`, not in compute_input
         expected = {t.name: to_v2(t.data_type) for t in served.config.input}
         parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), expected)
         known = [t.name for t in served.config.output]
@@ -326,8 +329,12 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
         else:
             order = [(n, parsed.binary_default) for n in known]
         requested = [n for n, _ in parsed.outputs] if parsed.outputs is not None else None
-        results = await served.infer(parsed.inputs, requested, parsed.timeout_s)
-        content, header_length = encode_infer_response(served.name, str(served.version), results, order, parsed.id)
+
+        def encode(results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+            return encode_infer_response(served.name, str(served.version), results, order, parsed.id)
+
+        content, header_length = await served.infer(parsed.inputs, requested, parsed.timeout_s, start_ns=start,
+                                                    decode_ns=time.perf_counter_ns() - decode_start, encode=encode)
         if header_length is None:
             return Response(content, media_type="application/json")
         return Response(content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})

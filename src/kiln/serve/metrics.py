@@ -12,7 +12,8 @@ TIME_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 
 @dataclass
 class Metrics:
-    """Request counters and batch / queue / compute histograms; `render()` gives the text exposition."""
+    """Request counters and batch / queue / compute / per-request stage histograms; `render()` gives the text
+    exposition."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     content_type: str = CONTENT_TYPE_LATEST
@@ -26,6 +27,15 @@ class Metrics:
                                        ["model"], buckets=TIME_BUCKETS, registry=self.registry)
         self.compute_seconds = Histogram("kiln_inference_compute_seconds", "Engine time per executed batch.",
                                          ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.request_seconds = Histogram("kiln_inference_request_seconds",
+                                         "Server-side time of a successful request, protocol decode to encode.",
+                                         ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.compute_input_seconds = Histogram("kiln_inference_compute_input_seconds",
+                                               "Request decode and batch input assembly per successful request.",
+                                               ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.compute_output_seconds = Histogram("kiln_inference_compute_output_seconds",
+                                                "Batch output split and response encoding per successful request.",
+                                                ["model"], buckets=TIME_BUCKETS, registry=self.registry)
 
     def request(self, model: str, version: str, status: str) -> None:
         """Count one finished request; `status` is "success" or the error's class name."""
@@ -37,6 +47,12 @@ class Metrics:
         self.compute_seconds.labels(model=model).observe(compute_s)
         for q in queue_s:
             self.queue_seconds.labels(model=model).observe(q)
+
+    def stages(self, model: str, request_s: float, input_s: float, output_s: float) -> None:
+        """Record one successful request's server-side time and its compute input / output stages."""
+        self.request_seconds.labels(model=model).observe(request_s)
+        self.compute_input_seconds.labels(model=model).observe(input_s)
+        self.compute_output_seconds.labels(model=model).observe(output_s)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

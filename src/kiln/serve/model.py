@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from kiln.serve.batcher import BatchRecord, DynamicBatcher
+from kiln.serve.batcher import BatchRecord, DynamicBatcher, RequestTiming
 from kiln.serve.config import ModelConfig
 from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY
 from kiln.serve.errors import BadRequest, ServeError
@@ -30,8 +32,18 @@ class Duration:
 
 
 @dataclass
+class BatchStats:
+    """One batch size's executions: input assembly, engine and output split time (count = batches)."""
+
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
 class Stats:
-    """Per-model counters: requests (success / fail / queue / compute) and per-batch-size compute."""
+    """Per-model counters: requests (success / fail; queue and compute stages of the successful ones) and
+    per-batch-size compute."""
 
     inference_count: int = 0
     execution_count: int = 0
@@ -39,8 +51,10 @@ class Stats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
-    batches: dict[int, Duration] = field(default_factory=dict)
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchStats] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -78,21 +92,30 @@ class ServedModel:
                             for t in self.config.output]}
 
     async def infer(self, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
-                    timeout_s: float | None = None) -> dict[str, np.ndarray]:
-        """Run one request: validated, queued, batched; returns this request's `requested` outputs (None: all)."""
+                    timeout_s: float | None = None, *, start_ns: int | None = None, decode_ns: int = 0,
+                    encode: Callable[[dict[str, np.ndarray]], Any] | None = None) -> Any:
+        """Run one request: validated, queued, batched; returns this request's `requested` outputs (None: all), or
+        `encode(outputs)`. A protocol handler passes its entry time `start_ns` and decode time `decode_ns`
+        (perf_counter_ns) and its response encoder `encode`, so that the statistics cover the whole request."""
         start = time.perf_counter_ns()
+        begin, timing = start if start_ns is None else start_ns, RequestTiming()
         try:
             rows = self._validate(inputs, requested)
+            timing.input_ns = decode_ns + time.perf_counter_ns() - start
             timeout = timeout_s if timeout_s is not None else self._default_timeout_s
-            outputs = await self.batcher.submit(dict(inputs), rows, timeout or None)
+            outputs = await self.batcher.submit(dict(inputs), rows, timeout or None, timing)
+            answered = time.perf_counter_ns()
             result = {k: outputs[k] for k in (requested if requested is not None else outputs)}
+            if encode is not None:
+                result = encode(result)
+            timing.output_ns += time.perf_counter_ns() - answered
         except ServeError as e:
-            self._finish(start, type(e).__name__, ok=False)
+            self._finish(begin, type(e).__name__, ok=False)
             raise
         except BaseException:  # cancelled (client gone) or a bug: still counted once
-            self._finish(start, "Cancelled", ok=False)
+            self._finish(begin, "Cancelled", ok=False)
             raise
-        self._finish(start, "success", ok=True)
+        self._finish(begin, "success", ok=True, timing=timing)
         return result
 
     def statistics(self) -> dict:
@@ -101,11 +124,14 @@ class ServedModel:
         return {"name": self.name, "version": self.version, "last_inference": s.last_inference_ms,
                 "inference_count": s.inference_count, "execution_count": s.execution_count,
                 "inference_stats": {"success": s.success.to_json(), "fail": s.fail.to_json(),
-                                    "queue": s.queue.to_json(), "compute_input": zero,
-                                    "compute_infer": s.compute_infer.to_json(), "compute_output": zero,
+                                    "queue": s.queue.to_json(), "compute_input": s.compute_input.to_json(),
+                                    "compute_infer": s.compute_infer.to_json(),
+                                    "compute_output": s.compute_output.to_json(),
                                     "cache_hit": zero, "cache_miss": zero},
-                "batch_stats": [{"batch_size": size, "compute_input": zero, "compute_infer": d.to_json(),
-                                 "compute_output": zero} for size, d in sorted(s.batches.items())]}
+                "batch_stats": [{"batch_size": size, "compute_input": b.compute_input.to_json(),
+                                 "compute_infer": b.compute_infer.to_json(),
+                                 "compute_output": b.compute_output.to_json()}
+                                for size, b in sorted(s.batches.items())]}
 
     def _validate(self, inputs: dict[str, np.ndarray], requested: list[str] | None) -> int:
         """BadRequest naming the first wrong input or output; the request's batch size (1 for unbatched)."""
@@ -145,17 +171,25 @@ class ServedModel:
         """Record one executed batch in the statistics and metrics."""
         s = self.stats
         s.execution_count += 1
-        s.queue.add(sum(rec.queue_ns), rec.requests)
-        s.compute_infer.add(rec.compute_ns * rec.requests, rec.requests)
-        s.batches.setdefault(rec.rows, Duration()).add(rec.compute_ns)
+        b = s.batches.get(rec.rows) or s.batches.setdefault(rec.rows, BatchStats())
+        b.compute_input.add(rec.input_ns)
+        b.compute_infer.add(rec.compute_ns)
+        b.compute_output.add(rec.output_ns)
         if rec.ok:
             s.inference_count += rec.rows
         self.metrics.batch(self.name, rec.rows, rec.compute_ns / 1e9, [q / 1e9 for q in rec.queue_ns])
 
-    def _finish(self, start_ns: int, status: str, ok: bool) -> None:
-        """Count one finished request (success or failure) in the statistics and metrics."""
-        (self.stats.success if ok else self.stats.fail).add(time.perf_counter_ns() - start_ns)
-        self.stats.last_inference_ms = int(time.time() * 1000)
+    def _finish(self, start_ns: int, status: str, ok: bool, timing: RequestTiming | None = None) -> None:
+        """Count one finished request in the statistics and metrics; a successful one with its stage times."""
+        s, total = self.stats, time.perf_counter_ns() - start_ns
+        (s.success if ok else s.fail).add(total)
+        if ok and timing is not None:
+            s.queue.add(timing.queue_ns)
+            s.compute_input.add(timing.input_ns)
+            s.compute_infer.add(timing.infer_ns)
+            s.compute_output.add(timing.output_ns)
+            self.metrics.stages(self.name, total / 1e9, timing.input_ns / 1e9, timing.output_ns / 1e9)
+        s.last_inference_ms = int(time.time() * 1000)
         self.metrics.request(self.name, self.version, status)
 
 

@@ -1,8 +1,9 @@
-"""Helpers shared by tactics: float checks, TF32 scoping."""
+"""Helpers shared by tactics: float checks, TF32 and cuDNN-search scoping."""
 
 from __future__ import annotations
 
 import contextlib
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,10 @@ from kiln.kernels.out_buffer import take
 from kiln.tactics.spec import LayerSpec, ValueSpec
 
 FLOATS = ("float32", "float16", "bfloat16")
+
+# True while kiln tunes or warms an engine: cuDNN may time its algorithms for a shape it has not met (tens of ms per
+# conv). Elsewhere a new shape takes cuDNN's heuristic pick at once; shapes searched before keep their timed pick.
+_CUDNN_SEARCH: ContextVar[bool] = ContextVar("kiln_cudnn_search", default=False)
 
 
 def float_io(spec: LayerSpec) -> str | None:
@@ -42,15 +47,25 @@ def rank(v: ValueSpec | None) -> int | None:
 
 
 @contextlib.contextmanager
-def tf32(enabled: bool):
-    """Scope cuBLAS and cuDNN TF32 use to one kernel (fp32 layers compute in true fp32 unless --tf32).
+def cudnn_search():
+    """Within this scope (kiln's tuning and warm-up) cuDNN times its algorithms at each shape it meets first; the
+    timed pick is kept for that shape (torch caches it by shape), so the run path never searches."""
+    token = _CUDNN_SEARCH.set(True)
+    try:
+        yield
+    finally:
+        _CUDNN_SEARCH.reset(token)
 
-    cuDNN's own algorithm search (benchmark mode) stays on: it runs once per shape, during tuning.
-    """
+
+@contextlib.contextmanager
+def tf32(enabled: bool):
+    """Scope cuBLAS and cuDNN TF32 use to one kernel (fp32 layers compute in true fp32 unless --tf32), with cuDNN's
+    algorithm search on only inside `cudnn_search()`."""
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=enabled):
+        with torch.backends.cudnn.flags(enabled=True, benchmark=_CUDNN_SEARCH.get(), deterministic=False,
+                                        allow_tf32=enabled):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
