@@ -38,6 +38,7 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -233,9 +234,11 @@ class Server:
 
     def __init__(self, repo: Path, args, log: Path):
         self.log = log
-        command = [sys.executable, "-m", "kiln", "serve", str(repo), "--grpc-port", str(args.grpc_port),
+        command = [*shlex.split(args.server_prefix), sys.executable, "-m", "kiln", "serve", str(repo),
+                   "--grpc-port", str(args.grpc_port),
                    "--http-port", str(args.http_port), "--metrics-port", "-1", "--device", args.device]
         self.command = " ".join(command)
+        self.prefixed = bool(args.server_prefix)
         with open(log, "w") as err:
             self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -279,7 +282,15 @@ class Server:
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            targets = [self.proc]
+            if self.prefixed:  # stop the server under the wrapper (a profiler writes its output when it exits)
+                kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+                pids = [int(p) for p in kids.read_text().split()] if kids.exists() else []
+                for pid in pids:
+                    os.kill(pid, signal.SIGTERM)
+                targets = [] if pids else targets
+            for t in targets:
+                t.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(40)
             except subprocess.TimeoutExpired:
@@ -418,6 +429,10 @@ class Probe:
 
     def part(self, name: str, fn, need_s: float = 0.0):
         """Run one part: its result (or error, or why it was skipped) recorded under `name`."""
+        if any(word in name for word in self.args.skip):
+            self.results["parts"][name] = {"skipped": "--skip"}
+            self.results["skipped"].append(name)
+            return None
         if self.budget.left < need_s:
             why = f"skipped: {self.budget.left:.0f} s of the budget left, the part needs ~{need_s:.0f} s"
             self.results["parts"][name] = {"skipped": why}
@@ -762,6 +777,8 @@ class Probe:
         try:
             self.clients = Clients(a.clients)
             for key, entry in self.specs().items():
+                if key not in a.models:
+                    continue
                 self.part(f"build {key}", lambda k=key, e=entry: self.build(k, e), need_s=30)
             for key in ("resnet50", "bert"):
                 if key in self.engines:
@@ -934,6 +951,12 @@ def main() -> None:
     ap.add_argument("--memory-requests", type=int, default=100_000)
     ap.add_argument("--memory-seconds", type=float, default=75.0, help="cap the memory run to about this long")
     ap.add_argument("--server-timeout", type=float, default=300.0, help="seconds for the server to get ready")
+    ap.add_argument("--models", type=lambda v: v.split(","), default=["resnet50", "bert", "minilm"],
+                    help="comma-separated models to build and serve")
+    ap.add_argument("--skip", type=lambda v: v.split(","), default=[],
+                    help="comma-separated words: parts whose name holds one are skipped (e.g. overload,memory)")
+    ap.add_argument("--server-prefix", default="",
+                    help="a command the server runs under, e.g. 'py-spy record --format raw -o F --'")
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free one")
     ap.add_argument("--http-port", type=int, default=0, help="0: a free one")
     args = ap.parse_args()

@@ -228,6 +228,7 @@ class BuildConfig:
     calib_cache: str | None = None      # calibration cache JSON: read when it fits, written after calibrating
     calib_batch: int = 16               # samples per calibration batch (the scales do not depend on it)
     calib_percentile: float = 99.99
+    smooth_alpha: float = 0.0           # --int8/--fp8 SmoothQuant strength α in (0, 1]; 0: off (quant/smooth.py)
     accuracy: str | None = None         # --int8/--fp8 accuracy budget, e.g. "cosine>=0.995" (kiln.quant.budget)
     validation: str | None = None       # the budget's validation data (.npz or folder of NAME.npy)
     hardware_compat: str = "none"   # none | same-cc | portable: the devices the plan's tactics must be valid on
@@ -260,12 +261,19 @@ class BuildConfig:
             object.__setattr__(self, "profile_buckets", record)
         if self.calib_batch < 1 or not 0 < self.calib_percentile <= 100:
             raise ConfigError("calib_batch must be >= 1 and calib_percentile in (0, 100]")
+        if not 0.0 <= self.smooth_alpha <= 1.0:
+            raise ConfigError(f"smooth_alpha must be in [0, 1] (0: no SmoothQuant; 0.5 is usual), "
+                              f"got {self.smooth_alpha}")
+        if self.smooth_alpha and self.calib_cache:
+            raise ConfigError("smooth_alpha does not read or write a calibration cache (it does not hold the smoothing "
+                              "factors): give calibration data and drop calib_cache, or set smooth_alpha=0")
         if self.accuracy is not None:
             if not (self.int8 or self.fp8):
                 raise ConfigError("--accuracy chooses which layers run int8 (or fp8): add --int8 or --fp8 (and "
                                   "--calib DATA)")
         given = [flag for flag, on in (("--calib", self.calib), ("--calib-cache", self.calib_cache),
-                                       ("--calibrator", self.calibrator != type(self).calibrator)) if on]
+                                       ("--calibrator", self.calibrator != type(self).calibrator),
+                                       ("smooth_alpha", self.smooth_alpha != 0.0)) if on]
         if given and not (self.int8 or self.fp8):
             raise ConfigError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --int8 or --fp8 "
                               "(int8=True or fp8=True): calibration only picks int8/fp8 scales")

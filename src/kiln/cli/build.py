@@ -14,8 +14,8 @@ import kiln
 from kiln.cli.errors import command
 from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Calibrator, CalibPercentile, Device, Force,
                               Fp8, Fp16, HardwareCompatOption, Int8, Json, KeepIoPrecision, LayerPrecision, MaxShapes,
-                              MemoryPool, MinShapes, OptLevel, OptShapes, Profiles, ShapeBuckets, Shapes, SignKey, Tf32,
-                              TimingCache, Validation, Verbose, parse_memory_pools, parse_shapes)
+                              MemoryPool, MinShapes, OptLevel, OptShapes, Profiles, ShapeBuckets, Shapes, SignKey,
+                              SmoothAlpha, Tf32, TimingCache, Validation, Verbose, parse_memory_pools, parse_shapes)
 from kiln.cli.options import Plugin, load_plugins
 from kiln.cli.output import add_row, build_progress, fmt_arena, fmt_bytes, key_values, print_json, stdout
 from kiln.config import Profile, ShapeRange
@@ -170,7 +170,7 @@ BUILD_DEFAULTS = dict(fp16=False, bf16=False, int8=False, fp8=False, tf32=False,
                       max_shapes=None, profile=None, shape_buckets=1, timing_cache=None, opt_level=3,
                       layer_precision=None, keep_io_precision=True, memory_pool=None, hardware_compat="none",
                       calib=None, calibrator="entropy", calib_cache=None, calib_batch=16, calib_percentile=99.99,
-                      accuracy=None, validation=None)
+                      smooth_alpha=0.0, accuracy=None, validation=None)
 
 
 def build_flags_given(flags: dict) -> list[str]:
@@ -201,7 +201,8 @@ def build_config(shapes: dict[str, tuple[int, ...]], device: str, cuda_graph: bo
                             workspace_bytes=parse_memory_pools(f["memory_pool"]).get("workspace"),
                             hardware_compat=f["hardware_compat"], calib=path(f["calib"]), calibrator=f["calibrator"],
                             calib_cache=path(f["calib_cache"]), calib_batch=f["calib_batch"],
-                            calib_percentile=f["calib_percentile"], accuracy=f["accuracy"],
+                            calib_percentile=f["calib_percentile"], smooth_alpha=f["smooth_alpha"],
+                            accuracy=f["accuracy"],
                             validation=path(f["validation"]), shape_buckets=f["shape_buckets"])
 
 
@@ -235,6 +236,7 @@ def build(
     calib_cache: CalibCache = None,
     calib_batch: CalibBatch = 16,
     calib_percentile: CalibPercentile = 99.99,
+    smooth_alpha: SmoothAlpha = 0.0,
     accuracy: Accuracy = None,
     validation: Validation = None,
     sign_key: SignKey = None,
@@ -259,7 +261,7 @@ def build(
                           layer_precision=layer_precision, keep_io_precision=keep_io_precision, memory_pool=memory_pool,
                           hardware_compat=hardware_compat, calib=calib, calibrator=calibrator,
                           calib_cache=calib_cache, calib_batch=calib_batch, calib_percentile=calib_percentile,
-                          accuracy=accuracy, validation=validation)
+                          smooth_alpha=smooth_alpha, accuracy=accuracy, validation=validation)
     key = load_private_key(sign_key) if sign_key else None  # a bad key fails before the build, not after
     with build_progress(f"building {model.name}") as progress:
         engine = kiln.build(model, config, progress=progress)

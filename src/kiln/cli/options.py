@@ -167,6 +167,9 @@ CalibCache = Annotated[Optional[Path], typer.Option(
     "--calib-cache", help="Calibration cache JSON: reused when it fits (no data needed), written after calibrating.")]
 CalibBatch = Annotated[int, typer.Option("--calib-batch", help="Samples per calibration batch.")]
 CalibPercentile = Annotated[float, typer.Option("--calib-percentile", help="The percentile calibrator's percentile.")]
+SmoothAlpha = Annotated[float, typer.Option(
+    "--smooth-alpha", help="SmoothQuant strength in (0, 1] for --int8/--fp8 GEMM inputs with outlier channels "
+    "(transformers; 0.5-0.8 is usual); 0: off.")]
 Accuracy = Annotated[Optional[str], typer.Option(
     "--accuracy", help="--int8/--fp8 accuracy budget vs fp32: 'cosine>=X', 'max-rel<=X' or 'top1-agreement>=X'; the "
                        "most sensitive layers stay float until it holds.")]

@@ -113,9 +113,12 @@ def batch_feeds(net: Network, batch: Any, device: torch.device) -> dict[str, tor
     return feeds
 
 
-def collect(net: Network, data: CalibrationData, observe: set[str], device: torch.device) -> dict[str, Histogram]:
-    """Statistics of each tensor in `observe` over all of `data`, in one pass of the float network."""
+def collect(net: Network, data: CalibrationData, observe: set[str], device: torch.device,
+            extra: dict[str, Any] | None = None) -> dict[str, Histogram]:
+    """Statistics of each tensor in `observe` over all of `data`, in one pass of the float network; `extra`: more
+    statistics objects (anything with `add(tensor)`, e.g. smooth.ChannelAmax) by tensor name, filled in place."""
     stats = {name: Histogram() for name in observe}
+    more = list((extra or {}).items())
     consts = {k: to_device(v, device) for k, v in net.constants.items()}
 
     def fail(layer, e):
@@ -133,7 +136,7 @@ def collect(net: Network, data: CalibrationData, observe: set[str], device: torc
         values = dict(consts) | feeds
         with torch.inference_mode():
             run_layers(net, values, fail)
-        for name, h in stats.items():
+        for name, h in list(stats.items()) + more:
             h.add(values[name])
     if data.samples == 0:
         raise InputError("the calibration data hold no samples; give at least one batch")

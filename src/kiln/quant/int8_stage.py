@@ -2,9 +2,11 @@
 
 Scales come from, in order: the model's own Q/DQ nodes (never re-calibrated; int8 only); a --calib-cache file
 made with the same calibrator that covers every tensor to quantize; calibration over --calib data (writing
-the cache when one is named). --fp8 takes the same int8 scales as amax / 127 and divides by 448 instead
-(scheme.for_qtype); with --int8 and --fp8 both, every quantizable layer runs fp8. Returns notes for the build
-summary and a record for the plan's build info (key "int8" for either type; its "qtype" says which).
+the cache when one is named). With smooth_alpha (quant/smooth.py), calibration runs twice over data held in
+memory: per-channel ranges first, then the smoothed GEMM inputs' scales (no cache). --fp8 takes the same int8
+scales as amax / 127 and divides by 448 instead (scheme.for_qtype); with --int8 and --fp8 both, every quantizable
+layer runs fp8. Returns notes for the build summary and a record for the plan's build info (key "int8" for either
+type; its "qtype" says which).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from kiln.ir import Network
 from kiln.quant import calib_cache
 from kiln.quant.budget import AccuracyBudget, search, validation_batches
 from kiln.kinds.qtype import FP8, INT8, QType
-from kiln.quant.calibrate import calibration_data, collect, scales_from
+from kiln.quant.calibrate import CalibrationData, calibration_data, collect, scales_from
 from kiln.quant.int8 import apply_int8, candidates
 from kiln.quant.scheme import QuantScales, for_qtype
+from kiln.quant.smooth import ChannelAmax, apply_smoothing, factors, smoothable
 from kiln.util.phases import PhaseTimes
 
 NO_SCALES = ("give calibration data (--calib DATA) or a calibration cache (--calib-cache FILE, made by an earlier "
@@ -51,13 +54,25 @@ def _from_cache(config: BuildConfig, needed: set[str], optional: set[str],
     raise ConfigError(f"calibration cache {path} {why}; give --calib DATA to recalibrate (the cache is rewritten)")
 
 
-def _calibrate(net: Network, config: BuildConfig, device, needed: set[str], source: Any) -> tuple[QuantScales, str]:
+def _calibrate(net: Network, config: BuildConfig, device, needed: set[str], source: Any,
+               keep_float: set[str] = frozenset()) -> tuple[QuantScales, str]:
     data = calibration_data(source, list(net.inputs), config.calib_batch)
-    stats = collect(net, data, needed, device.torch_device)
+    readers = smoothable(net, keep_float) if config.smooth_alpha else {}
+    if readers:
+        data.batches = list(data.batches)  # held in memory: a second pass observes the smoothed inputs
+    channels = {x: ChannelAmax() for x in readers}
+    stats = collect(net, data, needed, device.torch_device, channels)
     scales = scales_from(stats, config.calibrator, config.calib_percentile)
     sha = data.sha256()
     where = f"calibrated ({config.calibrator}) on {data.samples} samples ({data.description})"
-    if config.calib_cache:
+    if readers:
+        smooth = {x: factors(net, x, readers[x], c.amax, config.smooth_alpha) for x, c in channels.items()}
+        renamed = apply_smoothing(net, smooth, readers)
+        again = CalibrationData(data.batches, description=data.description)
+        scales |= scales_from(collect(net, again, set(renamed.values()), device.torch_device), config.calibrator,
+                              config.calib_percentile)
+        where += f"; SmoothQuant (alpha {config.smooth_alpha}) on the inputs of {sum(map(len, readers.values()))} GEMMs"
+    elif config.calib_cache:
         calib_cache.CalibrationCache(config.calibrator, config.calib_percentile, sha, data.samples,
                                      scales).write(config.calib_cache)
         where += f"; written to calibration cache {config.calib_cache}"
@@ -65,7 +80,7 @@ def _calibrate(net: Network, config: BuildConfig, device, needed: set[str], sour
 
 
 def find_scales(net: Network, config: BuildConfig, device, qdq: QuantScales | None,
-                calib_data: Any = None) -> tuple[QuantScales | None, str]:
+                calib_data: Any = None, keep_float: set[str] = frozenset()) -> tuple[QuantScales | None, str]:
     """The scales to quantize `net` with and where they came from (None: there are none)."""
     if qdq is not None and (qdq.activations or qdq.weights):
         return qdq, "the model's own Q/DQ nodes (not re-calibrated)"
@@ -75,12 +90,12 @@ def find_scales(net: Network, config: BuildConfig, device, qdq: QuantScales | No
     # quantized; optional: a cache from before they were calibrated still serves
     residuals = {c.residual for c in cands if c.residual} - needed
     source = calib_data if calib_data is not None else config.calib
-    cached = _from_cache(config, needed, residuals, source is not None)
+    cached = None if config.smooth_alpha else _from_cache(config, needed, residuals, source is not None)
     if cached is not None:
         return cached
     if source is None:
         return None, ""
-    return _calibrate(net, config, device, needed | residuals, source)
+    return _calibrate(net, config, device, needed | residuals, source, keep_float)
 
 
 def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | None = None,
@@ -98,7 +113,7 @@ def quantize_int8(net: Network, config: BuildConfig, device, qdq: QuantScales | 
         raise ConfigError("--fp8: the model has its own int8 Q/DQ nodes, which kiln honours as written; build it "
                           "with --int8 (without --fp8), or give the float model with --fp8 --calib DATA")
     with phases.phase("calibration"):
-        scales, where = find_scales(net, config, device, qdq, calib_data)
+        scales, where = find_scales(net, config, device, qdq, calib_data, keep_float)
     if scales is None:
         if qtype is not INT8:
             raise ConfigError(f"--fp8 needs activation ranges: {NO_SCALES}")
