@@ -114,7 +114,7 @@ def build_kiln(spec, path: Path, inputs: dict, want: list, precision: str, args)
         batch = next(iter(shapes.values()))[0]
         calib = [{k: v.numpy() for k, v in spec.inputs(min(batch, 8), args.size_of(spec), seed=100 + i).items()}
                  for i in range(max(1, CALIB_SAMPLES // min(batch, 8)))]
-        extra = {precision: True, "calibrator": args.calibrator}
+        extra = {precision: True, "calibrator": args.calibrator, "smooth_alpha": args.smooth_alpha}
     config = kiln.BuildConfig.with_shapes(shapes, device=args.device, fp16=precision == "fp16",
                                           opt_level=args.opt_level, timing_cache=str(args.out / "timing-cache.sqlite")
                                           if args.device == "cuda" else None, **extra)
@@ -233,6 +233,7 @@ def main(argv=None) -> int:
     p.add_argument("--peers", default="eager,reduce-overhead")
     p.add_argument("--opt-level", type=int, default=3, help="kiln's default (3)")
     p.add_argument("--calibrator", default="entropy")
+    p.add_argument("--smooth-alpha", type=float, default=0.0, help="SmoothQuant strength (BuildConfig.smooth_alpha)")
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--profile", action="store_true", help="also time each layer of the quantized engines")
     p.add_argument("--warmup", type=int, default=5)
