@@ -336,17 +336,21 @@ def gpu_mb(pid: int) -> float | str | None:
     return f"pid not listed; nvidia-smi saw {rows}"
 
 
-def statistics(url: str, model: str) -> dict:
-    """The model's counters summed over its versions: inference/execution counts, requests answered."""
+def _model_stats(url: str, model: str) -> list[dict]:
+    """The server's statistics JSON entries of `model` (one per loaded version)."""
     import tritonclient.grpc as gc
 
     client = gc.InferenceServerClient(url)
     try:
-        raw = client.get_inference_statistics(model_name=model, as_json=True)
+        return client.get_inference_statistics(model_name=model, as_json=True).get("model_stats", [])
     finally:
         client.close()
+
+
+def statistics(url: str, model: str) -> dict:
+    """The model's counters summed over its versions: inference/execution counts, requests answered."""
     out = {"inference_count": 0, "execution_count": 0, "success": 0, "fail": 0}
-    for m in raw.get("model_stats", []):
+    for m in _model_stats(url, model):
         out["inference_count"] += int(m.get("inference_count", 0) or 0)
         out["execution_count"] += int(m.get("execution_count", 0) or 0)
         for k in ("success", "fail"):
@@ -359,15 +363,8 @@ STAGES = ("success", "queue", "compute_input", "compute_infer", "compute_output"
 
 def stage_totals(url: str, model: str) -> dict:
     """The model's Triton statistics stages summed over its versions: stage → [count, ns]."""
-    import tritonclient.grpc as gc
-
-    client = gc.InferenceServerClient(url)
-    try:
-        raw = client.get_inference_statistics(model_name=model, as_json=True)
-    finally:
-        client.close()
     out = {k: [0, 0] for k in STAGES}
-    for m in raw.get("model_stats", []):
+    for m in _model_stats(url, model):
         for k in STAGES:
             d = m.get("inference_stats", {}).get(k, {})
             out[k][0] += int(d.get("count", 0) or 0)
