@@ -18,7 +18,7 @@ from kiln.cli.options import (Accuracy, Bf16, Calib, CalibBatch, CalibCache, Cal
                               MaxShapes, MemoryPool, MinShapes, ModelPath, OptLevel, OptShapes, Policy, Profiles, Seed,
                               Shapes, Tf32, TimingCache, Validation, Verbose, VerifyKey, parse_shapes)
 from kiln.cli.options import Nvtx
-from kiln.cli.options import Plugin, ShapeBuckets, load_plugins
+from kiln.cli.options import Plugin, ShapeBuckets, SmoothAlpha, load_plugins
 from kiln.cli.output import add_row, key_values, print_json, status, stdout
 from kiln.cli.profile import PROFILE, ExportProfile, build_flags, export_profile, print_profile
 from kiln.errors import ConfigError
@@ -151,6 +151,7 @@ def bench(
     calib_cache: CalibCache = None,
     calib_batch: CalibBatch = 16,
     calib_percentile: CalibPercentile = 99.99,
+    smooth_alpha: SmoothAlpha = 0.0,
     accuracy: Accuracy = None,
     validation: Validation = None,
     nvtx: Nvtx = False,

@@ -1,4 +1,5 @@
-"""`kiln debug precision MODEL.onnx --precision fp16`: find the layers that must stay fp32 for outputs to pass."""
+"""`kiln debug precision MODEL.onnx --precision fp16`: find the layers that must stay fp32 for outputs to pass;
+`--precision int8 --calib DATA`: each quantizable layer's error alone in int8, then the layers to keep float."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import typer
 import kiln
 from kiln.cli.compare import Atol, Inputs, InputsDir, OnnxModel, Rtol, default_tolerance, feeds_for, require_model
 from kiln.cli.errors import command
-from kiln.cli.options import Device, Json, Seed, Shapes, Verbose, parse_shapes
-from kiln.cli.output import print_json, status
+from kiln.cli.options import Calib, Calibrator, Device, Json, Seed, Shapes, SmoothAlpha, Verbose, parse_shapes
+from kiln.cli.output import add_row, print_json, status, stdout
 from kiln.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from kiln.accuracy.int8_layers import Int8Report
     from kiln.accuracy.metrics import Tolerance
+
+INT8_COSINE = 0.99  # the int8 mode's default tolerance: cosine similarity of each output to fp32
 
 app = typer.Typer(help="Find why an engine's outputs differ: precision problems layer by layer.",
                   no_args_is_help=True)
@@ -38,7 +44,8 @@ def search_tolerance(config: kiln.BuildConfig, rtol: float | None, atol: float |
 @command
 def precision(
     model: OnnxModel,
-    reduced: Annotated[str, typer.Option("--precision", help="The reduced precision to build with: fp16 or bf16.")
+    reduced: Annotated[str, typer.Option("--precision", help="The reduced precision to build with: fp16, bf16 or int8 "
+                                                     "(with --calib).")
                        ] = "fp16",
     rtol: Rtol = None,
     atol: Atol = None,
@@ -46,6 +53,9 @@ def precision(
         "--cosine", help="Pass when each output's cosine similarity to fp32 is at least this, e.g. 0.999.")] = None,
     mode: Annotated[str, typer.Option("--mode", help="bisect (about log2 n builds per layer found) or linear "
                                                       "(one build per layer, pinning the worst).")] = "bisect",
+    calib: Calib = None,
+    calibrator: Calibrator = "entropy",
+    smooth_alpha: SmoothAlpha = 0.0,
     inputs: Inputs = None,
     inputs_dir: InputsDir = None,
     shapes: Shapes = None,
@@ -54,15 +64,23 @@ def precision(
     verbose: Verbose = False,
     as_json: Json = False,
 ) -> None:
-    """Build in --precision with candidate layers pinned to fp32 until the outputs match the fp32 build."""
+    """Build in --precision with candidate layers pinned to fp32 until the outputs match the fp32 build
+    (int8: first each quantizable layer's error alone in int8, worst first)."""
     from kiln.accuracy.bisect import MODES, find_fp32_layers
 
     require_model(model)
-    if reduced not in ("fp16", "bf16"):
-        raise ConfigError(f"--precision {reduced!r}: choose fp16 or bf16")
+    if reduced not in ("fp16", "bf16", "int8"):
+        raise ConfigError(f"--precision {reduced!r}: choose fp16, bf16 or int8")
     if mode not in MODES:
         raise ConfigError(f"--mode {mode!r}: choose {' or '.join(MODES)}")
     shape_map = parse_shapes(shapes)
+    if reduced == "int8":
+        return int8_precision(model, calib, calibrator, smooth_alpha, rtol, atol, cosine, mode, inputs, inputs_dir,
+                              shape_map, seed, device, as_json)
+    given = [f for f, on in (("--calib", calib), ("--calibrator", calibrator != "entropy"),
+                             ("--smooth-alpha", smooth_alpha)) if on]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} only apply to --precision int8")
     config = kiln.BuildConfig.with_shapes(shape_map, device=device, **{reduced: True})
     tol = search_tolerance(config, rtol, atol, cosine)
     status(f"building {model.name} in fp32 for the reference ...")
@@ -83,3 +101,68 @@ def precision(
     for name in result.layers:
         typer.echo(f"  {name}")
     typer.echo(f"build with:\n  kiln build {model} --{reduced} " + " ".join(result.flags()))
+
+
+def int8_precision(model: Path, calib: Path | None, calibrator: str, smooth_alpha: float, rtol: float | None,
+                   atol: float | None, cosine: float | None, mode: str, inputs, inputs_dir, shape_map, seed: int,
+                   device: str, as_json: bool) -> None:
+    """--precision int8: per-layer errors (a table, worst first) and the --layer-precision flags that pass."""
+    from kiln.accuracy.int8_layers import int8_layer_errors
+
+    if calib is None:
+        raise ConfigError("--precision int8 needs calibration data: give --calib DATA (a .npz or a folder of "
+                          "NAME.npy, samples along axis 0)")
+    if not calib.exists():
+        raise ConfigError(f"--calib {calib} does not exist")
+    config = kiln.BuildConfig.with_shapes(shape_map, device=device, int8=True, calib=str(calib),
+                                          calibrator=calibrator, smooth_alpha=smooth_alpha)
+    tol = search_tolerance(config, rtol, atol, INT8_COSINE if cosine is None and rtol is None and atol is None
+                           else cosine)
+    status(f"building {model.name} in fp32 for the reference ...")
+    fp32 = kiln.build(model, kiln.BuildConfig.with_shapes(shape_map, device=device))
+    feeds = feeds_for(fp32, inputs, inputs_dir, shape_map, seed) if inputs or inputs_dir else None
+    report = int8_layer_errors(model, config, fp32, tol, feeds, mode, log=status)
+    build = f"kiln build {model} --int8 --calib {calib}" + (f" --calibrator {calibrator}" if calibrator != "entropy"
+                                                             else "") + \
+        (f" --smooth-alpha {smooth_alpha:g}" if smooth_alpha else "")
+    result = report.search
+    if as_json:
+        print_json({"precision": "int8", "mode": mode, "tolerance": str(tol), "calibrator": calibrator,
+                    "smooth_alpha": smooth_alpha, "scales_from": report.scales_from,
+                    "calibrations": report.calibrations, "samples": report.samples,
+                    "all_int8": report.all_int8.to_json(), "layers": [e.to_json() for e in report.layers],
+                    "fp32_layers": result.layers, "flags": result.flags(), "candidates": len(result.candidates),
+                    "builds": len(result.builds), "command": " ".join([build, *result.flags()]),
+                    "outputs": {n: m.to_json() for n, m in result.outputs.items()}})
+        return
+    print_int8_table(report, str(tol))
+    if not result.layers:
+        typer.echo(f"all outputs pass ({tol}) with every quantizable layer in int8; nothing to keep float")
+        return
+    typer.echo(f"{len(result.layers)} of {len(result.candidates)} int8 layers must stay float for the outputs to "
+               f"pass ({tol}); found in {len(result.builds)} builds ({mode}, worst first):")
+    for name in result.layers:
+        typer.echo(f"  {name}")
+    typer.echo("build with:\n  " + " ".join([build, *result.flags()]))
+
+
+def print_int8_table(report: Int8Report, tol: str) -> None:
+    """The per-layer table, worst first, and the all-int8 build's row."""
+    from rich.table import Table
+
+    top1 = any(e.top1 is not None for e in report.layers)
+    table = Table(title=f"int8 error per layer, that layer alone in int8 (vs fp32, {report.samples} samples; "
+                        f"pass: {tol})", title_justify="left")
+    for col in ["#", "layer", "kind", "cosine", "max-rel", *(["top-1 agree"] if top1 else []), "pass"]:
+        table.add_column(col, justify="right" if col in ("#", "cosine", "max-rel", "top-1 agree") else "left")
+
+    def row(rank, e):
+        cells = [rank, e.name, e.kind, f"{e.cosine:.6f}", f"{e.max_rel:.3g}"]
+        cells += [f"{e.top1:.1%}" if e.top1 is not None else "-"] if top1 else []
+        add_row(table, *cells, "yes" if e.passed else "NO")
+
+    for i, e in enumerate(report.layers):
+        row(i + 1, e)
+    row("", report.all_int8)
+    stdout().print(table)
+    typer.echo(f"scales: {report.scales_from} (calibrated {report.calibrations}x, reused by every build)")

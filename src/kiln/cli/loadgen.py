@@ -1,11 +1,14 @@
 """`kiln loadgen URL MODEL`: drive a kiln (or any KServe v2) server at a fixed concurrency with tritonclient and
-report throughput, latency percentiles and errors by status."""
+report throughput, latency percentiles and errors by status; with `--shared-memory system` tensors go through POSIX
+shared memory (Triton's extension) instead of the socket."""
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -21,6 +24,7 @@ MAX_REQUESTS = 10**6
 MAX_DURATION_S = 3600.0
 MAX_CONCURRENCY = 1024
 PROTOCOLS = ("http", "grpc")
+SHARED_MEMORY = ("none", "system")
 
 
 @command
@@ -35,6 +39,10 @@ def loadgen(
     duration: Annotated[Optional[float], typer.Option("--duration", "-d", min=0.001, max=MAX_DURATION_S,
                                                       help="Send requests for this many seconds, then stop.")] = None,
     protocol: Annotated[str, typer.Option("--protocol", help="http or grpc.")] = "http",
+    shared_memory: Annotated[str, typer.Option(
+        "--shared-memory", help="none, or system: each client thread passes its inputs and outputs through its own "
+                                "POSIX shared memory regions (the server must run `kiln serve --shared-memory` on "
+                                "this machine).")] = "none",
     inputs: Annotated[Optional[list[str]], typer.Option(
         "--input", "-i", help="name=file.npy: send this array as that input; repeatable. Inputs not given are "
                               "random, of the --shape or the model's shape (-1 dims as 1).")] = None,
@@ -58,17 +66,22 @@ def loadgen(
         raise ConfigError("give exactly one of --requests N and --duration SECONDS")
     if protocol not in PROTOCOLS:
         raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if shared_memory not in SHARED_MEMORY:
+        raise ConfigError(f"--shared-memory must be one of {', '.join(SHARED_MEMORY)}, got {shared_memory!r}")
     target = check_url(url, allow_remote)
+    if shared_memory != "none" and not is_loopback(host_of(target)):
+        raise ConfigError("--shared-memory system needs a server on this machine (a loopback address)")
     feeds = model_inputs(target, model, model_version, protocol, inputs or [], parse_shapes(shape, "--shape"), seed,
                          timeout)
     report = run_load(target, model, feeds, protocol=protocol, concurrency=concurrency, requests=requests,
-                      duration_s=duration, version=model_version, timeout_s=timeout)
+                      duration_s=duration, version=model_version, timeout_s=timeout, shared_memory=shared_memory)
     if json:
         print_json(report)
     else:
         lat = report["latency_ms"]
         ms = (lambda v: "-" if v is None else f"{v:.2f} ms")  # noqa: E731
-        rows = [("model", f"{model} at {target} ({protocol})"), ("concurrency", concurrency),
+        via = f"{protocol}, tensors in system shared memory" if shared_memory != "none" else protocol
+        rows = [("model", f"{model} at {target} ({via})"), ("concurrency", concurrency),
                 ("requests", f"{report['requests']} ({report['succeeded']} succeeded, {report['failed']} failed)"),
                 ("duration", f"{report['duration_s']:.2f} s"),
                 ("throughput", f"{report['throughput_infer_per_s']:.1f} infer/s"),
@@ -90,16 +103,20 @@ def check_url(url: str, allow_remote: bool) -> str:
     target = target.rstrip("/")
     if "://" in target or "/" in target or not target:
         raise ConfigError(f"URL {url!r} is not host:port (e.g. 127.0.0.1:8000)")
-    if target.startswith("["):
-        host = target[1:target.find("]")] if "]" in target else ""
-    else:
-        host = target.rpartition(":")[0] if ":" in target else target
+    host = host_of(target)
     if not host:
         raise ConfigError(f"URL {url!r} is not host:port (e.g. 127.0.0.1:8000)")
     if not allow_remote and not is_loopback(host):
         raise ConfigError(f"{host} is not a loopback address (localhost, 127.0.0.1, ::1): kiln loadgen drives a "
                           "server on another machine only with --allow-remote")
     return target
+
+
+def host_of(target: str) -> str:
+    """The host of `host:port` (brackets of an IPv6 address dropped)."""
+    if target.startswith("["):
+        return target[1:target.find("]")] if "]" in target else ""
+    return target.rpartition(":")[0] if ":" in target else target
 
 
 def is_loopback(host: str) -> bool:
@@ -186,15 +203,82 @@ def _status(e: BaseException) -> str:
     return str(status).removeprefix("StatusCode.") if status else type(e).__name__
 
 
-def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol: str = "http", concurrency: int = 1,
-             requests: int | None = None, duration_s: float | None = None, version: str = "",
-             timeout_s: float = 60.0) -> dict:
-    """Send `feeds` to `model` from `concurrency` threads (one client each) until `requests` were sent or
-    `duration_s` passed; the report as a dict (latencies of the successful requests, in ms)."""
-    import numpy as np
+def _output_sizes(protocol: str, target: str, model: str, feeds: dict, version: str, timeout_s: float) -> dict:
+    """{output name: byte size} of the model's answer to `feeds`, from one request over the socket."""
+    module, _ = _modules(protocol)
+    client = _client(protocol, target, timeout_s)
+    try:
+        result = client.infer(model, _socket_inputs(module, protocol, feeds), model_version=version)
+    finally:
+        client.close()
+    response = result.get_response(as_json=True) if protocol == "grpc" else result.get_response()
+    return {o["name"]: result.as_numpy(o["name"]).nbytes for o in response["outputs"]}
 
+
+def _socket_inputs(module, protocol: str, feeds: dict) -> list:
     from kiln.serve.dtypes import numpy_to_v2
 
+    ins = []
+    for name, value in feeds.items():
+        inp = module.InferInput(name, list(value.shape), numpy_to_v2(value.dtype))
+        if protocol == "grpc":
+            inp.set_data_from_numpy(value)
+        else:
+            inp.set_data_from_numpy(value, binary_data=True)
+        ins.append(inp)
+    return ins
+
+
+class _Regions:
+    """One client thread's input and output shared memory regions: made, filled and registered; `close()` undoes."""
+
+    def __init__(self, client, module, tag: str, feeds: dict, out_sizes: dict):
+        from tritonclient.utils import shared_memory as shm
+
+        from kiln.serve.dtypes import numpy_to_v2
+
+        self.client, self.shm, self.handles, self.names = client, shm, [], []
+        self.inputs, self.outputs = [], []
+        for kind, sizes in (("in", {n: v.nbytes for n, v in feeds.items()}), ("out", out_sizes)):
+            name = f"{tag}_{kind}"
+            total = max(sum(sizes.values()), 1)
+            self.handles.append(shm.create_shared_memory_region(name, f"/{name}", total, create_only=True))
+            if kind == "in":
+                shm.set_shared_memory_region(self.handles[-1], list(feeds.values()))
+            client.register_system_shared_memory(name, f"/{name}", total)
+            self.names.append(name)
+            offset = 0
+            for tensor, size in sizes.items():
+                if kind == "in":
+                    value = feeds[tensor]
+                    inp = module.InferInput(tensor, list(value.shape), numpy_to_v2(value.dtype))
+                    self.inputs.append(inp.set_shared_memory(name, size, offset))
+                else:
+                    out = module.InferRequestedOutput(tensor)
+                    out.set_shared_memory(name, size, offset)
+                    self.outputs.append(out)
+                offset += size
+
+    def close(self) -> None:
+        for name in self.names:
+            try:
+                self.client.unregister_system_shared_memory(name)
+            except Exception:  # noqa: BLE001 (the server may be gone; the objects are removed below anyway)
+                pass
+        for handle in self.handles:
+            self.shm.destroy_shared_memory_region(handle)
+
+
+def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol: str = "http", concurrency: int = 1,
+             requests: int | None = None, duration_s: float | None = None, version: str = "",
+             timeout_s: float = 60.0, shared_memory: str = "none") -> dict:
+    """Send `feeds` to `model` from `concurrency` threads (one client each) until `requests` were sent or
+    `duration_s` passed; the report as a dict (latencies of the successful requests, in ms). `shared_memory`
+    "system": each thread passes its tensors through its own POSIX shared memory regions."""
+    import numpy as np
+
+    if shared_memory not in SHARED_MEMORY:
+        raise ConfigError(f"shared_memory must be one of {', '.join(SHARED_MEMORY)}, got {shared_memory!r}")
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise ConfigError(f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}")
     if requests is not None and not 1 <= requests <= MAX_REQUESTS:
@@ -202,6 +286,9 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
     if duration_s is not None and not 0 < duration_s <= MAX_DURATION_S:
         raise ConfigError(f"duration must be in (0, {MAX_DURATION_S:.0f}] seconds, got {duration_s}")
     module, _ = _modules(protocol)
+    out_sizes = (_output_sizes(protocol, target, model, feeds, version, timeout_s) if shared_memory == "system"
+                 else None)
+    tag = f"kiln_loadgen_{os.getpid()}_{uuid.uuid4().hex[:8]}"  # this run's region names and /dev/shm keys
     lock = threading.Lock()
     sent = [0]
     latencies: list[float] = []
@@ -219,7 +306,8 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
             sent[0] += 1
             return True
 
-    def worker() -> None:
+    def worker(i: int) -> None:
+        regions = None
         try:
             client = _client(protocol, target, timeout_s)
         except Exception as e:  # noqa: BLE001 (counted: each request this thread would send is one error)
@@ -227,24 +315,27 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
                 record(None, e)
             return
         try:
-            ins = []
-            for name, value in feeds.items():
-                inp = module.InferInput(name, list(value.shape), numpy_to_v2(value.dtype))
-                if protocol == "grpc":
-                    inp.set_data_from_numpy(value)
-                else:
-                    inp.set_data_from_numpy(value, binary_data=True)
-                ins.append(inp)
+            if out_sizes is not None:
+                try:
+                    regions = _Regions(client, module, f"{tag}_{i}", feeds, out_sizes)
+                except Exception as e:  # noqa: BLE001 (as above: e.g. a server without shared memory)
+                    while take():
+                        record(None, e)
+                    return
+            ins = regions.inputs if regions else _socket_inputs(module, protocol, feeds)
+            outs = regions.outputs if regions else None
             kw = {"client_timeout": timeout_s} if protocol == "grpc" else {}
             while take():
                 t0 = time.perf_counter()
                 try:
-                    client.infer(model, ins, model_version=version, **kw)
+                    client.infer(model, ins, model_version=version, outputs=outs, **kw)
                 except Exception as e:  # noqa: BLE001 (every failure is counted by its status)
                     record(None, e)
                 else:
                     record(time.perf_counter() - t0, None)
         finally:
+            if regions is not None:
+                regions.close()
             client.close()
 
     def record(latency: float | None, e: BaseException | None) -> None:
@@ -256,7 +347,8 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
                 errors[status] = errors.get(status, 0) + 1
                 examples.setdefault(status, _message(e))
 
-    threads = [threading.Thread(target=worker, name=f"kiln-loadgen-{i}", daemon=True) for i in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(i,), name=f"kiln-loadgen-{i}", daemon=True)
+               for i in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -265,7 +357,8 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
     ms = np.asarray(latencies) * 1e3
     pct = (lambda q: float(np.percentile(ms, q)) if ms.size else None)  # noqa: E731
     failed = sum(errors.values())
-    return {"url": target, "model": model, "protocol": protocol, "concurrency": concurrency,
+    return {"url": target, "model": model, "protocol": protocol, "shared_memory": shared_memory,
+            "concurrency": concurrency,
             "shapes": {n: list(v.shape) for n, v in feeds.items()},
             "requests": len(latencies) + failed, "succeeded": len(latencies), "failed": failed,
             "errors": dict(sorted(errors.items())), "error_examples": dict(sorted(examples.items())),

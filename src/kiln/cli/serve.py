@@ -39,6 +39,11 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1,
                                                 help="Largest HTTP request body (and gRPC message) accepted.")]
     = 64 << 20,
+    shared_memory: Annotated[bool, typer.Option(
+        "--shared-memory", help="Serve Triton's system shared memory extension (HTTP and gRPC): clients register "
+                                "POSIX shared memory objects (/dev/shm) and pass tensors through them instead of the "
+                                "socket. Off by default, as Triton's --allow-client-shm: a client may then map and "
+                                "read or write any shared memory object this server's user can open.")] = False,
     ray: Annotated[bool, typer.Option(
         "--ray", help="Scale out with Ray Serve: replicas that each load every model serve the v2 HTTP routes on "
                       "--http-port through Ray's proxy (HTTP only: no gRPC nor --metrics-port; each reply names its "
@@ -69,13 +74,16 @@ def serve(
             if value is not None:
                 raise ConfigError(f"{flag} needs --ray")
     if ray:
+        if shared_memory:
+            raise ConfigError("--shared-memory is not served under --ray (each replica is its own process)")
         if http_port < 0:
             raise ConfigError("--ray serves HTTP only: --http-port -1 leaves nothing to serve")
         _serve_ray(repository, host, http_port, device, policy, max_body_bytes, replicas, autoscale, ray_address)
         return
     if http_port < 0 and grpc_port < 0:
         raise ConfigError("--http-port -1 and --grpc-port -1 leave nothing to serve")
-    asyncio.run(_serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes))
+    asyncio.run(_serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes,
+                       shared_memory))
 
 
 def _listen(host: str, port: int):
@@ -108,7 +116,7 @@ async def _maybe_await(value):
 
 
 async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, device: str, policy: str,
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, shared_memory: bool = False) -> None:
     import asyncio
     import contextlib
     import signal
@@ -120,6 +128,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     from kiln.serve.http import create_app
     from kiln.serve.metrics import Metrics
     from kiln.serve.repository import ModelRepository
+    from kiln.serve.shared_memory import SharedMemoryRegistry
 
     class Server(uvicorn.Server):
         def capture_signals(self):  # the loop below owns SIGINT / SIGTERM
@@ -129,6 +138,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         typer.echo(f"kiln serve: {message}", err=True)
 
     metrics = Metrics()
+    regions = SharedMemoryRegistry() if shared_memory else None  # one per process, for HTTP and gRPC alike
     repo = ModelRepository(root, device=device, policy=policy, metrics=metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -143,7 +153,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
             say(f"model {m.get('name')} version {m.get('version')}: {state}{reason}")
         apps = []
         if http_port >= 0:
-            apps.append(("HTTP", create_app(repo, max_body_bytes=max_body_bytes, metrics=metrics), http_port))
+            apps.append(("HTTP", create_app(repo, max_body_bytes=max_body_bytes, metrics=metrics,
+                                               shared_memory=regions), http_port))
         if metrics_port >= 0:
             metrics_app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
             metrics_app.add_api_route("/metrics", lambda: Response(metrics.render(), media_type=metrics.content_type),
@@ -162,9 +173,12 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
             except ImportError as e:
                 say(f"gRPC off: {e}")
             else:
-                grpc_server = create_grpc_server(repo, host, grpc_port, max_message_bytes=max_body_bytes)
+                grpc_server = create_grpc_server(repo, host, grpc_port, max_message_bytes=max_body_bytes,
+                                                 shared_memory=regions)
                 await grpc_server.start()
                 say(f"gRPC on {_url(host, grpc_server.kiln_port)}")
+        if regions is not None:
+            say("system shared memory: on")
         tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -184,6 +198,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         for sock in sockets:
             sock.close()
         await _maybe_await(repo.close())
+        if regions is not None:
+            regions.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     say("stopped")
