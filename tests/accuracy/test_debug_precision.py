@@ -45,5 +45,6 @@ def test_nothing_to_pin_when_fp16_passes(tmp_path):
 def test_error_paths(model, tmp_path):
     assert_one_error_line(invoke("debug", "precision", tmp_path / "missing.onnx"), "does not exist")
     assert_one_error_line(invoke("debug", "precision", model, "--mode", "random"), "--mode")
-    assert_one_error_line(invoke("debug", "precision", model, "--precision", "int8"), "--precision")
+    assert_one_error_line(invoke("debug", "precision", model, "--precision", "int4"), "--precision")
+    assert_one_error_line(invoke("debug", "precision", model, "--precision", "int8"), "--calib")
     assert_one_error_line(invoke("debug", "precision", model, "--cosine", "0.99", "--rtol", "1"), "--cosine")

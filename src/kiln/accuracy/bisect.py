@@ -92,13 +92,14 @@ def find_fp32_layers(model: Path, config: kiln.BuildConfig, fp32: kiln.Engine, f
         raise KilnError(f"the outputs fail ({tol}) even with all {len(cands)} reduced layers in fp32; the error "
                         "is not the layers' precision: loosen the tolerance or check the inputs")
     else:
-        pinned = _bisect(search, cands) if mode == "bisect" else _linear(search, cands, values)
+        pinned = bisect_layers(search, cands) if mode == "bisect" else _linear(search, cands, values)
     order = {name: i for i, name in enumerate(cands)}
     return SearchResult(sorted(pinned, key=order.get), cands, search.builds, search.verdicts[frozenset(pinned)])
 
 
-def _bisect(search: PrecisionSearch, cands: list[str]) -> list[str]:
-    """Invariant: pinning `pinned` + cands[:hi] passes; the last layer of the smallest passing prefix is needed."""
+def bisect_layers(search: PrecisionSearch, cands: list[str]) -> list[str]:
+    """Layers of `cands` to pin, the last of each smallest passing prefix (int8 mode orders them worst first).
+    Invariant: pinning `pinned` + cands[:hi] passes; the last layer of the smallest passing prefix is needed."""
     pinned: list[str] = []
     hi = len(cands)
     while not search.passes(pinned):
