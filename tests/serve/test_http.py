@@ -328,6 +328,15 @@ def test_raw_http_errors(server):
     assert status == 400
     status, doc = _request(url, "GET", "/v2/no/such/route")
     assert status == 404 and "error" in doc
+    # system shared memory is off without `kiln serve --shared-memory`
+    status, doc = _request(url, "POST", "/v2/systemsharedmemory/region/r/register",
+                           b'{"key": "/k", "offset": 0, "byte_size": 16}')
+    assert status == 400 and "--shared-memory" in doc["error"]
+    shm_input = {"name": "x", "datatype": "FP32", "shape": [1, 4],
+                 "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}
+    status, doc = _request(url, "POST", infer, json.dumps({"inputs": [shm_input]}).encode())
+    assert status == 400 and "--shared-memory" in doc["error"]
+    assert "system_shared_memory" not in _request(url, "GET", "/v2")[1]["extensions"]
 
 
 def test_sigterm_stops_cleanly(server):

@@ -63,3 +63,21 @@ class InferenceFailed(ServeError):
     """The engine failed while running a batch (not the caller's fault)."""
 
     http_status, grpc_code = 500, "INTERNAL"
+
+
+class RegionNotFound(ServeError):
+    """No system shared memory region of that name is registered."""
+
+    http_status, grpc_code = 404, "NOT_FOUND"
+
+
+class AlreadyExists(ServeError):
+    """A shared memory region of that name is already registered."""
+
+    http_status, grpc_code = 400, "ALREADY_EXISTS"
+
+
+class Unsupported(ServeError):
+    """The server does not serve this (e.g. shared memory when started without it)."""
+
+    http_status, grpc_code = 400, "UNIMPLEMENTED"

@@ -6,7 +6,8 @@ Triton gRPC client) talks to kiln unchanged. grpc and tritonclient are imported 
 imports this module at import time.
 
 Errors: a `ServeError` aborts the call with its `grpc_code` and message; anything else is kiln's bug (INTERNAL, "bug
-in kiln", logged with its traceback). Shared memory, streaming, tracing and log settings are UNIMPLEMENTED.
+in kiln", logged with its traceback). System shared memory is served when given a `SharedMemoryRegistry`; CUDA
+shared memory, streaming, tracing and log settings are UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2
 from kiln.serve.errors import BadRequest, ModelNotFound, ModelNotReady, ServeError
+from kiln.serve.shared_memory import PARAMS as SHM_PARAMS
+from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
 
 log = logging.getLogger(__name__)
@@ -76,8 +79,23 @@ def _message(cls, data: dict):
         raise RuntimeError(f"cannot express {data!r} as {cls.__name__}: {e}") from e
 
 
-def _decode_input(tensor, raw: bytes | None) -> np.ndarray:
-    """One ModelInferRequest input as an array (raw little-endian bytes, or its typed InferTensorContents)."""
+def _shm_ref(what: str, parameters, shared_memory: SharedMemoryRegistry | None) -> TensorRef | None:
+    """The shared memory parameters of a tensor's InferParameter map (None: it has none)."""
+    if not any(p in parameters for p in SHM_PARAMS):
+        return None
+    if shared_memory is None:
+        raise off_error()
+    values = {}
+    for key in SHM_PARAMS:
+        if key in parameters:
+            choice = parameters[key].WhichOneof("parameter_choice")
+            values[key] = getattr(parameters[key], choice) if choice else None
+    return tensor_ref(what, values)
+
+
+def _decode_input(tensor, raw: bytes | None, shared_memory: SharedMemoryRegistry | None = None) -> np.ndarray:
+    """One ModelInferRequest input as an array (raw little-endian bytes, its typed InferTensorContents, or read from
+    a shared memory region)."""
     name, datatype = tensor.name, tensor.datatype
     if datatype == "BYTES":
         raise BadRequest(f"input '{name}': BYTES tensors are not supported (engine inputs are numeric)")
@@ -88,6 +106,11 @@ def _decode_input(tensor, raw: bytes | None) -> np.ndarray:
         raise BadRequest(f"input '{name}': shape {shape} has a negative dimension")
     count = math.prod(shape)
     dtype = np.dtype(V2_TO_NUMPY[datatype]).newbyteorder("<")
+    ref = _shm_ref(f"input '{name}'", tensor.parameters, shared_memory)
+    if ref is not None:
+        if tensor.HasField("contents"):
+            raise BadRequest(f"input '{name}': data given both in shared memory and in contents")
+        return shared_memory.read(f"input '{name}'", ref, datatype, dtype, shape)
     if raw is not None:
         if tensor.HasField("contents"):
             raise BadRequest(f"input '{name}': data given both in raw_input_contents and in contents")
@@ -110,27 +133,40 @@ def _decode_input(tensor, raw: bytes | None) -> np.ndarray:
     return array.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
 
 
-def decode_inputs(request) -> dict[str, np.ndarray]:
-    """The inputs of a ModelInferRequest by name."""
+def decode_inputs(request, shared_memory: SharedMemoryRegistry | None = None) -> dict[str, np.ndarray]:
+    """The inputs of a ModelInferRequest by name; raw_input_contents holds those not in shared memory, in order."""
     raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise BadRequest(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs: send every "
-                         "input's data raw, or none")
-    inputs = {}
-    for i, tensor in enumerate(request.inputs):
+    in_shm = [any(p in t.parameters for p in SHM_PARAMS) for t in request.inputs]
+    if raw and len(raw) != in_shm.count(False):
+        raise BadRequest(f"raw_input_contents has {len(raw)} entries for {in_shm.count(False)} inputs not in shared "
+                         "memory: send every such input's data raw, or none")
+    inputs, raws = {}, iter(raw)
+    for tensor, shm in zip(request.inputs, in_shm):
         if tensor.name in inputs:
             raise BadRequest(f"input '{tensor.name}' is given twice")
-        inputs[tensor.name] = _decode_input(tensor, raw[i] if raw else None)
+        inputs[tensor.name] = _decode_input(tensor, next(raws) if raw and not shm else None, shared_memory)
     return inputs
 
 
-def encode_response(model, request_id: str, requested: list[str] | None, outputs: dict[str, np.ndarray]):
-    """The ModelInferResponse carrying `outputs` (in `requested` order, else theirs) as raw little-endian bytes."""
+def encode_response(model, request_id: str, requested: list[str] | None, outputs: dict[str, np.ndarray], *,
+                    shm_outputs: dict[str, TensorRef] | None = None, shared_memory: SharedMemoryRegistry | None = None):
+    """The ModelInferResponse carrying `outputs` (in `requested` order, else theirs) as raw little-endian bytes; those
+    of `shm_outputs` are written into shared memory instead (an empty raw entry each, as Triton)."""
     response = service_pb2.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request_id)
     for name in requested or list(outputs):
         array = np.asarray(outputs[name])
-        response.outputs.add(name=name, datatype=numpy_to_v2(array.dtype), shape=list(array.shape))
-        response.raw_output_contents.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
+        tensor = response.outputs.add(name=name, datatype=numpy_to_v2(array.dtype), shape=list(array.shape))
+        ref = shm_outputs.get(name) if shm_outputs else None
+        if ref is None:
+            response.raw_output_contents.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
+            continue
+        shared_memory.write(f"output '{name}'", ref, array)
+        response.raw_output_contents.append(b"")
+        for key, value in ref.parameters().items():
+            if isinstance(value, str):
+                tensor.parameters[key].string_param = value
+            else:
+                tensor.parameters[key].int64_param = value
     return response
 
 
@@ -151,8 +187,9 @@ def _timeout_s(request, context) -> float | None:
 class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """GRPCInferenceService over a ModelRepository."""
 
-    def __init__(self, repo):
-        self.repo = repo
+    def __init__(self, repo, shared_memory: SharedMemoryRegistry | None = None):
+        self.repo, self.shared_memory = repo, shared_memory
+        self.extensions = EXTENSIONS + (["system_shared_memory"] if shared_memory is not None else [])
 
     def _get(self, name: str, version: str = ""):
         if not name:
@@ -177,7 +214,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ServerMetadata(self, request, context):
-        return service_pb2.ServerMetadataResponse(name="kiln", version=__version__, extensions=EXTENSIONS)
+        return service_pb2.ServerMetadataResponse(name="kiln", version=__version__, extensions=self.extensions)
 
     @_rpc
     async def ModelMetadata(self, request, context):
@@ -192,12 +229,19 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         start = time.perf_counter_ns()
         model = self._get(request.model_name, request.model_version)
-        inputs = decode_inputs(request)
+        inputs = decode_inputs(request, self.shared_memory)
         requested = [o.name for o in request.outputs] or None
         if requested is not None and len(set(requested)) != len(requested):
             raise BadRequest(f"an output is requested twice: {requested}")
+        shm_outputs = {}
+        for o in request.outputs:
+            ref = _shm_ref(f"output '{o.name}'", o.parameters, self.shared_memory)
+            if ref is not None:
+                self.shared_memory.check(f"output '{o.name}'", ref)
+                shm_outputs[o.name] = ref
         timeout_s = _timeout_s(request, context)
-        encode = functools.partial(encode_response, model, request.id, requested)
+        encode = functools.partial(encode_response, model, request.id, requested, shm_outputs=shm_outputs,
+                                   shared_memory=self.shared_memory)
         return await model.infer(inputs, requested, timeout_s=timeout_s, start_ns=start,
                                  decode_ns=time.perf_counter_ns() - start, encode=encode)
 
@@ -235,10 +279,30 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         await _maybe_await(self.repo.unload(request.model_name))
         return service_pb2.RepositoryModelUnloadResponse()
 
+    def _regions(self) -> SharedMemoryRegistry:
+        if self.shared_memory is None:
+            raise off_error()
+        return self.shared_memory
+
+    @_rpc
+    async def SystemSharedMemoryStatus(self, request, context):
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for region in self._regions().status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @_rpc
+    async def SystemSharedMemoryRegister(self, request, context):
+        self._regions().register(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(self, request, context):
+        self._regions().unregister(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
     ModelStreamInfer = _unimplemented("ModelStreamInfer")
-    SystemSharedMemoryStatus = _unimplemented("SystemSharedMemoryStatus")
-    SystemSharedMemoryRegister = _unimplemented("SystemSharedMemoryRegister")
-    SystemSharedMemoryUnregister = _unimplemented("SystemSharedMemoryUnregister")
     CudaSharedMemoryStatus = _unimplemented("CudaSharedMemoryStatus")
     CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister")
     CudaSharedMemoryUnregister = _unimplemented("CudaSharedMemoryUnregister")
@@ -247,16 +311,17 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 def create_grpc_server(repo, host: str = "127.0.0.1", port: int = 8001, *,
-                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.aio.Server:
+                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                       shared_memory: SharedMemoryRegistry | None = None) -> grpc.aio.Server:
     """A grpc.aio server for `repo` bound to host:port (port 0: a free one), not yet started: `await
     server.start()`, and `await server.stop(grace)` before `repo.close()`. The bound port is `server.kiln_port`.
-    Messages above `max_message_bytes` are refused (RESOURCE_EXHAUSTED) both ways. Call it with the event loop the
-    repository serves on running."""
+    Messages above `max_message_bytes` are refused (RESOURCE_EXHAUSTED) both ways; `shared_memory`: the system shared
+    memory regions (None: off). Call it with the event loop the repository serves on running."""
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes),
                ("grpc.so_reuseport", 0)]  # a port already taken fails here instead of silently sharing
     server = grpc.aio.server(options=options)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KilnInferenceServicer(repo), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KilnInferenceServicer(repo, shared_memory), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

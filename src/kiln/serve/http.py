@@ -1,5 +1,6 @@
 """The KServe v2 (Triton) HTTP protocol over a `ModelRepository`: health, metadata, config, infer (JSON tensors and the
-binary tensor data extension, as tritonclient.http speaks them), the repository extension, statistics and /metrics.
+binary tensor data extension, as tritonclient.http speaks them), the repository extension, statistics, system shared
+memory (when given a `SharedMemoryRegistry`) and /metrics.
 
 Every error is `{"error": "..."}` with the `ServeError`'s HTTP status. The request parsing and response encoding are
 pure functions (`parse_infer_request`, `encode_infer_response`) so they can be tested without a server.
@@ -23,6 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kiln.errors import InternalError, KilnError
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2, to_v2
 from kiln.serve.errors import BadRequest, ModelNotFound, ServeError, TooLarge
+from kiln.serve.shared_memory import PARAMS as SHM_PARAMS
+from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -40,6 +43,7 @@ class InferRequest:
     id: str | None = None
     timeout_s: float | None = None
     parameters: dict = field(default_factory=dict)
+    shm_outputs: dict[str, TensorRef] = field(default_factory=dict)  # outputs to write into shared memory
 
 
 def _bad(message: str) -> BadRequest:
@@ -57,10 +61,10 @@ def _load_json(text: bytes, what: str):
         raise _bad(f"{what} is not valid JSON: {e}") from None
 
 
-def parse_infer_request(body: bytes, header_length: str | int | None,
-                        expected_inputs: dict[str, str] | None = None) -> InferRequest:
+def parse_infer_request(body: bytes, header_length: str | int | None, expected_inputs: dict[str, str] | None = None,
+                        *, shared_memory: SharedMemoryRegistry | None = None) -> InferRequest:
     """Parse an infer request body. `header_length`: the Inference-Header-Content-Length header (None = the whole
-    body is JSON); `expected_inputs`: the model's input names → v2 datatypes, to name a wrong input or datatype."""
+    body is JSON); `expected_inputs`: the model's input names → v2 datatypes; `shared_memory`: the regions, if on."""
     binary = b""
     if header_length is not None:
         try:
@@ -82,7 +86,7 @@ def parse_infer_request(body: bytes, header_length: str | int | None,
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for i, t in enumerate(raw_inputs):
-        array, used = _parse_input(t, i, binary, offset, expected_inputs)
+        array, used = _parse_input(t, i, binary, offset, expected_inputs, shared_memory)
         name = t["name"]
         if name in inputs:
             raise _bad(f"input '{name}' is given more than once")
@@ -98,7 +102,7 @@ def parse_infer_request(body: bytes, header_length: str | int | None,
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise _bad("parameters.binary_data_output must be true or false")
-    outputs = _parse_outputs(request.get("outputs"))
+    outputs, shm_outputs = _parse_outputs(request.get("outputs"), shared_memory)
     request_id = request.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise _bad("'id' must be a string")
@@ -108,10 +112,19 @@ def parse_infer_request(body: bytes, header_length: str | int | None,
         if not _is_int(t) or t < 0:
             raise _bad("parameters.timeout must be a non-negative integer of microseconds")
         timeout_s = t / 1e6 if t else None
-    return InferRequest(inputs, outputs, binary_default, request_id, timeout_s, params)
+    return InferRequest(inputs, outputs, binary_default, request_id, timeout_s, params, shm_outputs)
 
 
-def _parse_input(t, i: int, binary: bytes, offset: int, expected: dict[str, str] | None) -> tuple[np.ndarray, int]:
+def _shm_ref(what: str, params: dict, shared_memory: SharedMemoryRegistry | None) -> TensorRef | None:
+    if not any(p in params for p in SHM_PARAMS):
+        return None
+    if shared_memory is None:
+        raise off_error()
+    return tensor_ref(what, params)
+
+
+def _parse_input(t, i: int, binary: bytes, offset: int, expected: dict[str, str] | None,
+                 shared_memory: SharedMemoryRegistry | None = None) -> tuple[np.ndarray, int]:
     """(the array, binary bytes it used) of input number `i`."""
     if not isinstance(t, dict):
         raise _bad(f"inputs[{i}] must be a JSON object")
@@ -136,8 +149,12 @@ def _parse_input(t, i: int, binary: bytes, offset: int, expected: dict[str, str]
     params = t.get("parameters") or {}
     if not isinstance(params, dict):
         raise _bad(f"input '{name}': 'parameters' must be a JSON object")
-    if "shared_memory_region" in params:
-        raise _bad(f"input '{name}': shared memory is not supported")
+    ref = _shm_ref(f"input '{name}'", params, shared_memory)
+    if ref is not None:
+        if "data" in t or "binary_data_size" in params:
+            raise _bad(f"input '{name}' has both shared memory parameters and "
+                       f"{'data' if 'data' in t else 'binary_data_size'}")
+        return shared_memory.read(f"input '{name}'", ref, datatype, dtype, shape), 0
     size = params.get("binary_data_size")
     if size is not None:
         if "data" in t:
@@ -164,9 +181,12 @@ def _parse_input(t, i: int, binary: bytes, offset: int, expected: dict[str, str]
     return array.reshape(shape), 0
 
 
-def _parse_outputs(raw) -> list[tuple[str, bool]] | None:
+def _parse_outputs(raw, shared_memory: SharedMemoryRegistry | None = None
+                   ) -> tuple[list[tuple[str, bool]] | None, dict[str, TensorRef]]:
+    """((name, binary) of each requested output or None, the outputs to write into shared memory)."""
+    shm: dict[str, TensorRef] = {}
     if raw is None:
-        return None
+        return None, shm
     if not isinstance(raw, list):
         raise _bad("'outputs' must be a list")
     outputs: list[tuple[str, bool]] = []
@@ -178,21 +198,25 @@ def _parse_outputs(raw) -> list[tuple[str, bool]] | None:
             raise _bad(f"output '{o['name']}': 'parameters' must be a JSON object")
         if params.get("classification"):
             raise _bad(f"output '{o['name']}': classification is not supported")
-        if "shared_memory_region" in params:
-            raise _bad(f"output '{o['name']}': shared memory is not supported")
+        ref = _shm_ref(f"output '{o['name']}'", params, shared_memory)
+        if ref is not None:
+            shared_memory.check(f"output '{o['name']}'", ref)
+            shm[o["name"]] = ref
         binary = params.get("binary_data", False)
         if not isinstance(binary, bool):
             raise _bad(f"output '{o['name']}': binary_data must be true or false")
         if any(o["name"] == n for n, _ in outputs):
             raise _bad(f"output '{o['name']}' is requested more than once")
         outputs.append((o["name"], binary))
-    return outputs or None
+    return outputs or None, shm
 
 
 def encode_infer_response(model_name: str, model_version: str, results: dict[str, np.ndarray],
-                          order: list[tuple[str, bool]], request_id: str | None = None) -> tuple[bytes, int | None]:
+                          order: list[tuple[str, bool]], request_id: str | None = None, *,
+                          shm_outputs: dict[str, TensorRef] | None = None,
+                          shared_memory: SharedMemoryRegistry | None = None) -> tuple[bytes, int | None]:
     """(body, JSON header length or None): the v2 response for `results`, outputs in `order` ((name, binary) pairs);
-    binary outputs follow the JSON header in that order, each named by its parameters.binary_data_size."""
+    binary outputs follow the JSON header, those of `shm_outputs` are written into shared memory and carry no data."""
     response: dict = {"model_name": model_name, "model_version": model_version}
     if request_id is not None:
         response["id"] = request_id
@@ -200,7 +224,10 @@ def encode_infer_response(model_name: str, model_version: str, results: dict[str
     for name, binary in order:
         array = np.asarray(results[name])
         entry: dict = {"name": name, "datatype": numpy_to_v2(array.dtype), "shape": list(array.shape)}
-        if binary:
+        if shm_outputs and name in shm_outputs:
+            shared_memory.write(f"output '{name}'", shm_outputs[name], array)
+            entry["parameters"] = shm_outputs[name].parameters()
+        elif binary:
             blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
@@ -260,13 +287,15 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI:
+def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
+               shared_memory: SharedMemoryRegistry | None = None) -> FastAPI:
     """The KServe v2 HTTP app serving `repo` (a `ModelRepository`). `metrics`: the `Metrics` that /metrics renders
-    (default: `repo.metrics`, if it has one)."""
+    (default: `repo.metrics`, if it has one); `shared_memory`: the system shared memory regions (None: off)."""
     if max_body_bytes <= 0:
         raise ValueError("max_body_bytes must be positive")
     app = FastAPI(title="kiln", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.repo = repo
+    extensions = EXTENSIONS + (["system_shared_memory"] if shared_memory is not None else [])
 
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, e: ServeError):
@@ -297,7 +326,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
 
     @app.get("/v2")
     async def server_metadata():
-        return {"name": "kiln", "version": __version__, "extensions": EXTENSIONS}
+        return {"name": "kiln", "version": __version__, "extensions": extensions}
 
     async def model_ready(name: str, version: str | None = None):
         model(name, version)  # ModelNotFound (404) / ModelNotReady (400) otherwise
@@ -319,7 +348,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
         body = await read_body(request, max_body_bytes)
         decode_start = time.perf_counter_ns()  # the body's transfer is in `success`, not in compute_input
         expected = {t.name: to_v2(t.data_type) for t in served.config.input}
-        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), expected)
+        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), expected, shared_memory=shared_memory)
         known = [t.name for t in served.config.output]
         if parsed.outputs is not None:
             for out_name, _ in parsed.outputs:
@@ -331,7 +360,8 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
         requested = [n for n, _ in parsed.outputs] if parsed.outputs is not None else None
 
         def encode(results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
-            return encode_infer_response(served.name, str(served.version), results, order, parsed.id)
+            return encode_infer_response(served.name, str(served.version), results, order, parsed.id,
+                                         shm_outputs=parsed.shm_outputs, shared_memory=shared_memory)
 
         content, header_length = await served.infer(parsed.inputs, requested, parsed.timeout_s, start_ns=start,
                                                     decode_ns=time.perf_counter_ns() - decode_start, encode=encode)
@@ -389,6 +419,31 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None) -> FastAPI
         await _json_body(request)
         await _maybe_await(repo.unload(name))
         return Response(status_code=200)
+
+    # the system shared memory extension
+    def regions() -> SharedMemoryRegistry:
+        if shared_memory is None:
+            raise off_error()
+        return shared_memory
+
+    async def shm_status(name: str = ""):
+        return JSONResponse(regions().status(name))
+
+    @app.post("/v2/systemsharedmemory/region/{name}/register")
+    async def shm_register(request: Request, name: str):
+        registry, data = regions(), await _json_body(request)
+        registry.register(name, data.get("key"), data.get("offset", 0), data.get("byte_size"))
+        return Response(status_code=200)
+
+    async def shm_unregister(request: Request, name: str = ""):
+        registry = regions()
+        await _json_body(request)
+        registry.unregister(name)
+        return Response(status_code=200)
+
+    for prefix in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{name}"):
+        app.add_api_route(f"{prefix}/status", shm_status, methods=["GET"])
+        app.add_api_route(f"{prefix}/unregister", shm_unregister, methods=["POST"])
 
     @app.get("/metrics")
     async def prometheus():
