@@ -79,7 +79,8 @@ def _fixed_load(job: dict) -> dict:
     from kiln.cli.loadgen import run_load
 
     r = run_load(job["url"], job["model"], job["feeds"], protocol="grpc", concurrency=job["concurrency"],
-                 requests=job.get("requests"), duration_s=job.get("duration"), timeout_s=job.get("timeout", 60.0))
+                 requests=job.get("requests"), duration_s=job.get("duration"), timeout_s=job.get("timeout", 60.0),
+                 shared_memory=job.get("shared_memory", "none"))
     r.pop("shapes", None)
     return r
 
@@ -236,7 +237,8 @@ class Server:
         self.log = log
         command = [*shlex.split(args.server_prefix), sys.executable, "-m", "kiln", "serve", str(repo),
                    "--grpc-port", str(args.grpc_port),
-                   "--http-port", str(args.http_port), "--metrics-port", "-1", "--device", args.device]
+                   "--http-port", str(args.http_port), "--metrics-port", "-1", "--device", args.device,
+                   *(["--shared-memory"] if args.shared_memory else [])]
         self.command = " ".join(command)
         self.prefixed = bool(args.server_prefix)
         with open(log, "w") as err:
@@ -607,11 +609,12 @@ class Probe:
         return out
 
     def load(self, model: str, feeds: dict, concurrency: int, *, duration: float | None = None,
-             requests: int | None = None) -> dict:
-        """`concurrency` batch-1 clients over the client processes; combined report + server statistics delta."""
+             requests: int | None = None, shared_memory: str = "none") -> dict:
+        """`concurrency` batch-1 clients over the client processes; combined report + server statistics delta.
+        `shared_memory` "system": tensors pass through the clients' POSIX shared memory regions."""
         per = split(concurrency, self.args.clients)
         jobs = [{"kind": "fixed", "url": self.server.url, "model": model, "feeds": feeds, "concurrency": c,
-                 "duration": duration} for c in per]
+                 "duration": duration, "shared_memory": shared_memory} for c in per]
         if requests is not None:
             for job, n in zip(jobs, split(requests, len(per))):
                 job |= {"duration": None, "requests": n}
@@ -623,11 +626,12 @@ class Probe:
         out["client_answered_minus_server_counted"] = out["requests"] - out["server"]["answered"]
         return out
 
-    def throughput(self, key: str) -> dict:
+    def throughput(self, key: str, shared_memory: str = "none") -> dict:
         a = self.args
         feeds = self.request_feeds(key)
-        self.load(key, feeds, a.concurrency, duration=a.warmup_seconds)
-        out = self.load(key, feeds, a.concurrency, duration=a.duration)
+        self.load(key, feeds, a.concurrency, duration=a.warmup_seconds, shared_memory=shared_memory)
+        out = self.load(key, feeds, a.concurrency, duration=a.duration, shared_memory=shared_memory)
+        out["shared_memory"] = shared_memory
         off = self.engines[key].get("offline")
         if off:
             out["ratio_to_offline_b64"] = out["infer_per_s"] / off["b64_items_per_s"]
@@ -789,6 +793,9 @@ class Probe:
                     if key in self.engines:
                         self.part(f"c{a.concurrency} {key}", lambda k=key: self.throughput(k),
                                   need_s=a.duration + a.warmup_seconds + 10)
+                        if a.shared_memory:
+                            self.part(f"c{a.concurrency} {key} shm", lambda k=key: self.throughput(k, "system"),
+                                      need_s=a.duration + a.warmup_seconds + 10)
                 if "bert" in self.engines:
                     self.part(f"overload c{2 * a.concurrency} bert", self.overload, need_s=a.overload_duration + 10)
                 if "minilm" in self.engines:
@@ -858,6 +865,13 @@ class Probe:
                     + " | ".join(f(sv.get(f"{k}_ms"), 3) for k in STAGES) + f" | {f(sv.get('other_ms'), 3)} | "
                     f"{f(row.get('outside_server_p50_ms'), 3)} / {f(row.get('outside_server_mean_ms'), 3)} |")
         lines.append("")
+        for key in ("resnet50", "bert"):
+            shm = p.get(f"c{c} {key} shm") or {}
+            if "infer_per_s" in shm:
+                lines.append(f"- {key}, concurrency {c} with inputs and outputs in system shared memory: "
+                             f"{shm['infer_per_s']:.0f} infer/s, p50 {f(shm['p50_ms'])} / p99 {f(shm['p99_ms'])} ms, "
+                             f"÷ offline {f(shm.get('ratio_to_offline_b64'))}, mean batch {f(shm['mean_batch'], 1)}, "
+                             f"failed {shm['failed']}")
         o = p.get(f"overload c{2 * c} bert") or {}
         if "infer_per_s" in o:
             lines.append(f"- overload: {o['model']} (max_queue_size {o['max_queue_size']}) at concurrency {2 * c}: "
@@ -952,6 +966,8 @@ def main() -> None:
                     help="comma-separated models to build and serve")
     ap.add_argument("--skip", type=lambda v: v.split(","), default=[],
                     help="comma-separated words: parts whose name holds one are skipped (e.g. overload,memory)")
+    ap.add_argument("--shared-memory", action="store_true",
+                    help="also run each concurrency load with inputs and outputs in system shared memory")
     ap.add_argument("--server-prefix", default="",
                     help="a command the server runs under, e.g. 'py-spy record --format raw -o F --'")
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free one")
