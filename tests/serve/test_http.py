@@ -150,8 +150,8 @@ def serving(root: Path, *extra: str, grpc: bool = True, timeout_s: float = 120.0
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = _wait_ready(proc, log, timeout_s)
-        grpc_url = next((line.split("gRPC on ")[1].strip() for line in log.read_text().splitlines()
-                         if "gRPC on" in line), None) if grpc else None
+        found = re.search(r"gRPC on ([^\s\"]+)", log.read_text())  # a text or a JSON log line
+        grpc_url = found.group(1) if grpc and found else None
         yield url, grpc_url, proc, log
     finally:
         stop(proc)
@@ -174,7 +174,7 @@ def _wait_ready(proc, log: Path, timeout_s: float = 60.0) -> str:
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"kiln serve exited {proc.returncode}: {log.read_text()}"
         if url is None:
-            m = re.search(r"HTTP on http://(\S+)", log.read_text())
+            m = re.search(r"HTTP on http://([^\s\"]+)", log.read_text())
             url = m and m.group(1)
         if url is not None:
             try:
@@ -367,3 +367,44 @@ def test_serve_command_errors_are_one_line(tmp_path):
                                "--grpc-port", "-1", "--metrics-port", "-1"], capture_output=True, text=True, timeout=60)
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode != 0 and last.startswith(f"error: cannot listen on 127.0.0.1:{port}"), done.stderr
+
+
+def _onnx_repository(root: Path) -> Path:
+    (root / MODEL / "1").mkdir(parents=True)
+    _affine_onnx(root / MODEL / "1" / "model.onnx")  # built on load
+    return root
+
+
+def test_json_logs_and_request_logs(tmp_path):
+    """--log-format json: every stderr line is one JSON object; --log-requests adds one per inference."""
+    root = _onnx_repository(tmp_path / "models")
+    with serving(root, "--log-format", "json", "--log-requests", grpc=False) as (url, _, proc, log):
+        client = _client(url)
+        try:
+            _infer(client, np.ones((2, 4), np.float32), binary=True)
+            too_many = _json_infer([[1, 2, 3, 4]] * 65)  # past max_batch_size 64: refused by the model itself
+            assert _request(url, "POST", f"/v2/models/{MODEL}/infer", too_many)[0] == 400
+        finally:
+            client.close()
+        stop(proc)
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records), records
+    events = [r.get("event") for r in records]
+    assert "model_state" in events and events[-1] == "stopped"
+    listening = [r for r in records if r.get("event") == "listening"]
+    assert listening and listening[0]["protocol"] == "HTTP" and url.endswith(f":{listening[0]['port']}")
+    done = [r for r in records if r.get("event") == "inference"]
+    assert [(r["model"], r["status"]) for r in done] == [(MODEL, "success"), (MODEL, "BadRequest")], done
+    assert all(r["ms"] > 0 for r in done)
+
+
+def test_text_logs_stay_as_they_were_and_log_format_is_checked(tmp_path):
+    root = _onnx_repository(tmp_path / "models")
+    with serving(root, grpc=False) as (url, _, proc, log):
+        stop(proc)
+    lines = log.read_text().splitlines()
+    assert f"kiln serve: HTTP on http://{url}" in lines and lines[-1] == "kiln serve: stopped", lines
+    assert not any("success in" in line for line in lines)
+    bad = subprocess.run([sys.executable, "-m", "kiln", "serve", str(root), "--log-format", "xml"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--log-format 'xml'" in bad.stderr and "Traceback" not in bad.stderr

@@ -59,6 +59,11 @@ def serve(
         "--ray-address", metavar="ADDR", help="With --ray: join the Ray cluster at ADDR (host:6379 from `ray start "
                                               "--head`, or auto) instead of starting a local one; on exit only "
                                               "kiln's application is deleted.", show_default=False)] = None,
+    log_format: Annotated[str, typer.Option(
+        "--log-format", help="Server logs on stderr: text ('kiln serve: ...') or json (one object per line: time, "
+                             "level, logger, message, event fields).")] = "text",
+    log_requests: Annotated[bool, typer.Option(
+        "--log-requests", help="Also log every inference: model, version, status, milliseconds.")] = False,
     verbose: Verbose = False,
 ) -> None:
     """Serve every model of MODEL_REPOSITORY over the KServe v2 protocol (tritonclient works as is) until SIGINT or
@@ -67,6 +72,11 @@ def serve(
 
     from kiln.errors import ConfigError
 
+    from kiln.serve import logs
+
+    if log_format not in logs.FORMATS:
+        raise ConfigError(f"--log-format {log_format!r}: choose {' or '.join(logs.FORMATS)}")
+    logs.configure(log_format, log_requests)
     if not repository.is_dir():
         raise ConfigError(f"model repository {repository} is not a folder")
     if not ray:
@@ -119,6 +129,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
                  max_body_bytes: int, shared_memory: bool = False) -> None:
     import asyncio
     import contextlib
+    import logging
     import signal
 
     import uvicorn
@@ -126,6 +137,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     from fastapi.responses import Response
 
     from kiln.serve.http import create_app
+    from kiln.serve.logs import event
     from kiln.serve.metrics import Metrics
     from kiln.serve.repository import ModelRepository
     from kiln.serve.shared_memory import SharedMemoryRegistry
@@ -133,9 +145,6 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     class Server(uvicorn.Server):
         def capture_signals(self):  # the loop below owns SIGINT / SIGTERM
             return contextlib.nullcontext()
-
-    def say(message: str) -> None:
-        typer.echo(f"kiln serve: {message}", err=True)
 
     metrics = Metrics()
     regions = SharedMemoryRegistry() if shared_memory else None  # one per process, for HTTP and gRPC alike
@@ -150,7 +159,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         for m in repo.index():
             state = m.get("state")
             reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
-            say(f"model {m.get('name')} version {m.get('version')}: {state}{reason}")
+            event(f"model {m.get('name')} version {m.get('version')}: {state}{reason}", event="model_state",
+                  model=m.get("name"), version=m.get("version"), state=state, reason=m.get("reason") or "")
         apps = []
         if http_port >= 0:
             apps.append(("HTTP", create_app(repo, max_body_bytes=max_body_bytes, metrics=metrics,
@@ -166,23 +176,25 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
             config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                                     timeout_graceful_shutdown=GRACE_S)
             servers.append(Server(config))
-            say(f"{what} on http://{_url(host, sock.getsockname()[1])}")
+            event(f"{what} on http://{_url(host, sock.getsockname()[1])}", event="listening", protocol=what,
+                  host=host, port=sock.getsockname()[1])
         if grpc_port >= 0:
             try:
                 from kiln.serve.grpc_server import create_grpc_server
             except ImportError as e:
-                say(f"gRPC off: {e}")
+                event(f"gRPC off: {e}", logging.WARNING, event="grpc_off", reason=str(e))
             else:
                 grpc_server = create_grpc_server(repo, host, grpc_port, max_message_bytes=max_body_bytes,
                                                  shared_memory=regions)
                 await grpc_server.start()
-                say(f"gRPC on {_url(host, grpc_server.kiln_port)}")
+                event(f"gRPC on {_url(host, grpc_server.kiln_port)}", event="listening", protocol="gRPC", host=host,
+                      port=grpc_server.kiln_port)
         if regions is not None:
-            say("system shared memory: on")
+            event("system shared memory: on", event="shared_memory")
         tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        say("shutting down: finishing the requests in flight")
+        event("shutting down: finishing the requests in flight", event="shutting_down")
         for s in servers:
             s.should_exit = True
         stopping.cancel()
@@ -202,7 +214,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
             regions.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    say("stopped")
+    event("stopped", event="stopped")
 
 
 def _parse_autoscale(spec: str) -> tuple[int, int]:
@@ -226,6 +238,7 @@ def _serve_ray(root: Path, host: str, http_port: int, device: str, policy: str, 
 
     from kiln.errors import ConfigError
     from kiln.serve import ray_app
+    from kiln.serve.logs import event
 
     if replicas is not None and autoscale is not None:
         raise ConfigError("give --replicas or --autoscale, not both")
@@ -251,7 +264,8 @@ def _serve_ray(root: Path, host: str, http_port: int, device: str, policy: str, 
             for m in serving.index:
                 state = m.get("state")
                 reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
-                say(f"model {m.get('name')} version {m.get('version')}: {state}{reason}")
+                event(f"model {m.get('name')} version {m.get('version')}: {state}{reason}", event="model_state",
+                  model=m.get("name"), version=m.get("version"), state=state, reason=m.get("reason") or "")
             how = (f"autoscaling {scale['min_replicas']}..{scale['max_replicas']} replicas" if autoscale is not None
                    else f"{replicas or 1} replica{'s' if (replicas or 1) > 1 else ''}")
             say(f"Ray Serve, {how}; gRPC and --metrics-port are off under --ray")

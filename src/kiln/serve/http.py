@@ -8,6 +8,7 @@ pure functions (`parse_infer_request`, `encode_infer_response`) so they can be t
 
 from __future__ import annotations
 
+import logging
 import asyncio
 import inspect
 import json
@@ -31,6 +32,8 @@ from kiln.version import __version__
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics"]
 _BAD_NAME_PARTS = ("..", "/", "\\", "\x00")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -309,6 +312,8 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
     async def _other_error(request: Request, e: Exception):
         if isinstance(e, KilnError) and not isinstance(e, InternalError):
             return _error(400, str(e) or type(e).__name__)
+        log.error("HTTP %s %s failed", request.method, request.url.path, exc_info=e,
+                  extra={"fields": {"event": "internal_error", "path": request.url.path}})
         return _error(500, f"internal error: {type(e).__name__}: {e}")
 
     def model(name: str, version: str | None):

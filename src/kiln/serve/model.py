@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +14,11 @@ from kiln.serve.batcher import BatchRecord, DynamicBatcher, RequestTiming
 from kiln.serve.config import ModelConfig
 from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY
 from kiln.serve.errors import BadRequest, ServeError
+from kiln.serve.logs import REQUESTS
 from kiln.serve.metrics import Metrics
+
+
+_REQUEST_LOG = logging.getLogger(REQUESTS)
 
 
 @dataclass
@@ -191,6 +196,10 @@ class ServedModel:
             self.metrics.stages(self.name, total / 1e9, timing.input_ns / 1e9, timing.output_ns / 1e9)
         s.last_inference_ms = int(time.time() * 1000)
         self.metrics.request(self.name, self.version, status)
+        if _REQUEST_LOG.isEnabledFor(logging.INFO):
+            ms = round(total / 1e6, 3)
+            _REQUEST_LOG.info(f"{self.name} version {self.version}: {status} in {ms} ms", extra={"fields": {
+                "event": "inference", "model": self.name, "version": self.version, "status": status, "ms": ms}})
 
 
 def _padding_limits(engine, padding) -> list[tuple[int, int]]:
