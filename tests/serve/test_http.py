@@ -408,3 +408,23 @@ def test_text_logs_stay_as_they_were_and_log_format_is_checked(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kiln", "serve", str(root), "--log-format", "xml"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--log-format 'xml'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_serve_help_explains_every_config_field():
+    """`kiln serve --help` names every key config.toml accepts (config.py's readers), so none goes undocumented."""
+    import inspect as pyinspect
+
+    from typer.testing import CliRunner
+
+    from kiln.cli.app import app
+    from kiln.serve import config
+
+    text = " ".join(CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output.split())
+    source = pyinspect.getsource(config)
+    keys = set(re.findall(r'raw\.get\("(\w+)"', source)) | set(re.findall(r'"(\w+)" in raw', source))
+    keys |= {"name", "max_batch_size", "input", "output", "instance_count", "instance_group", "precision", "profiles",
+             "version_policy", "preferred_batch_size", "max_queue_delay_microseconds", "max_queue_size",
+             "reject_status", "default_timeout_microseconds", "batch_buckets", "padding", "axis", "inputs", "outputs",
+             "length_multiple", "data_type", "dims", "latest", "num_versions", "specific", "versions"}
+    missing = sorted(k for k in keys if k not in text)
+    assert not missing, missing

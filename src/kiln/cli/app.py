@@ -24,7 +24,7 @@ app.add_typer(debug.app, name="debug")
 app.command("profile", cls=ProfileCommand)(profile.profile)
 app.command("retune")(retune.retune)
 app.command("keygen")(keygen.keygen)
-app.command("serve")(serve.serve)
+app.command("serve", epilog=serve.CONFIG_HELP)(serve.serve)
 app.command("loadgen")(loadgen.loadgen)
 
 

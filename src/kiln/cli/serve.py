@@ -14,6 +14,28 @@ from kiln.serve.ray_app import DEFAULT_TARGET_ONGOING  # a constant: kiln.serve.
 
 GRACE_S = 30.0
 
+# `kiln serve --help`'s epilog: every field of MODEL/config.toml (typer joins single newlines; "\[" is a bracket)
+CONFIG_HELP = r"""MODEL/config.toml fields (every one optional; without a file the config is read from the model):
+
+name: the served name (default: the folder's). platform: reported in the model metadata. precision: fp32, fp16,
+bf16, int8 or fp8, for a model.onnx built on load (cached beside it). \[\[profiles]]: one table per optimization profile
+of that build, INPUT = {min = \[1, 4], opt = \[4, 4], max = \[64, 4]}.
+
+max_batch_size: the most rows one engine call takes; 0: no batch dim, requests never merge (default: the model's
+dynamic first dim allows batching). input / output: lists of {name, data_type (FP32, TYPE_FP32, ...), dims (without
+the batch dim; -1: any size)}, checked against the engine. instance_count (or Triton's instance_group = \[{count}]):
+execution contexts serving one queue. version_policy: {latest = {num_versions = N}}, {all = {}} or {specific =
+{versions = \[...]}}.
+
+\[dynamic_batching] preferred_batch_size: batch sizes formed first. max_queue_delay_microseconds: how long the
+oldest request waits for more. max_queue_size: requests waiting at most (0: no limit), beyond it reject_status (503
+or 429). default_timeout_microseconds: a request still queued after it gets 504. batch_buckets: row counts a batch is
+padded up to (default on a GPU: the powers of two, the preferred sizes and max_batch_size).
+
+\[dynamic_batching.padding] axis: the axis (besides the batch) that requests may differ along. inputs: {INPUT = pad
+value} of the inputs padded along it. outputs: the outputs cut back to each request's length. length_multiple:
+padded lengths are rounded up to it (default 16 on a GPU)."""
+
 
 def _port(flag: str, what: str):
     return Annotated[int, typer.Option(flag, min=-1, max=65535,
