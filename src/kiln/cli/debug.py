@@ -93,14 +93,8 @@ def precision(
                     "builds": [{"fp32_layers": p, "passed": ok} for p, ok in result.builds],
                     "outputs": {n: m.to_json() for n, m in result.outputs.items()}})
         return
-    if not result.layers:
-        typer.echo(f"all outputs pass ({tol}) with every eligible layer in {reduced}; nothing to pin")
-        return
-    typer.echo(f"{len(result.layers)} of {len(result.candidates)} {reduced} layers must stay fp32 for the outputs "
-               f"to pass ({tol}); found in {len(result.builds)} builds ({mode}):")
-    for name in result.layers:
-        typer.echo(f"  {name}")
-    typer.echo(f"build with:\n  kiln build {model} --{reduced} " + " ".join(result.flags()))
+    print_pins(result, f"every eligible layer in {reduced}; nothing to pin", f"{reduced} layers must stay fp32",
+               str(tol), mode, f"kiln build {model} --{reduced}")
 
 
 def int8_precision(model: Path, calib: Path | None, calibrator: str, smooth_alpha: float, rtol: float | None,
@@ -136,11 +130,17 @@ def int8_precision(model: Path, calib: Path | None, calibrator: str, smooth_alph
                     "outputs": {n: m.to_json() for n, m in result.outputs.items()}})
         return
     print_int8_table(report, str(tol))
+    print_pins(result, "every quantizable layer in int8; nothing to keep float", "int8 layers must stay float",
+               str(tol), f"{mode}, worst first", build)
+
+
+def print_pins(result, none: str, what: str, tol: str, mode: str, build: str) -> None:
+    """The layers the search pinned and the build command that pins them (or that `none` needed pinning)."""
     if not result.layers:
-        typer.echo(f"all outputs pass ({tol}) with every quantizable layer in int8; nothing to keep float")
+        typer.echo(f"all outputs pass ({tol}) with {none}")
         return
-    typer.echo(f"{len(result.layers)} of {len(result.candidates)} int8 layers must stay float for the outputs to "
-               f"pass ({tol}); found in {len(result.builds)} builds ({mode}, worst first):")
+    typer.echo(f"{len(result.layers)} of {len(result.candidates)} {what} for the outputs to pass ({tol}); found in "
+               f"{len(result.builds)} builds ({mode}):")
     for name in result.layers:
         typer.echo(f"  {name}")
     typer.echo("build with:\n  " + " ".join([build, *result.flags()]))
