@@ -215,3 +215,30 @@ def test_disconnected_clients_leave_the_server_and_statistics_sound(server):
     conn.request("GET", "/v2/health/live")
     assert conn.getresponse().status == 200
     conn.close()
+
+
+def test_a_client_that_disconnects_drops_its_queued_request(server):
+    """Requests still queued when their HTTP client goes are cancelled, never run (as over gRPC)."""
+    url = server[0]
+
+    def counts() -> tuple[int, int, int]:
+        conn = http.client.HTTPConnection(url, timeout=10)
+        try:
+            conn.request("GET", "/v2/models/slow/stats")
+            m = json.loads(conn.getresponse().read())["model_stats"][0]
+        finally:
+            conn.close()
+        return m["inference_count"], m["inference_stats"]["success"]["count"], m["inference_stats"]["fail"]["count"]
+
+    before = counts()
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
+    gone = [_raw(url, body, len(body)) for _ in range(3)]  # 3 rows of 4: queued up to the 0.4 s delay
+    time.sleep(0.1)
+    for s in gone:
+        s.close()
+    time.sleep(0.2)  # still inside the delay: the disconnects cancel them there
+    status, _ = _post(url, "slow", np.ones((1, 4), np.float32))
+    assert status == 200
+    after = counts()
+    rows, ok, failed = (a - b for a, b in zip(after, before))
+    assert (rows, ok, failed) == (1, 1, 3), (rows, ok, failed)

@@ -81,3 +81,9 @@ class Unsupported(ServeError):
     """The server does not serve this (e.g. shared memory when started without it)."""
 
     http_status, grpc_code = 400, "UNIMPLEMENTED"
+
+
+class ClientGone(ServeError):
+    """The client disconnected before its answer: the request was dropped (nginx's 499, gRPC CANCELLED)."""
+
+    http_status, grpc_code = 499, "CANCELLED"

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.errors import InternalError, KilnError
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2, to_v2
-from kiln.serve.errors import BadRequest, ModelNotFound, ServeError, TooLarge
+from kiln.serve.errors import BadRequest, ClientGone, ModelNotFound, ServeError, TooLarge
 from kiln.serve.shared_memory import PARAMS as SHM_PARAMS
 from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
@@ -253,6 +253,27 @@ async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
 
+async def _until_disconnected(request: Request) -> None:
+    """Return once the client has gone: after the body, the ASGI server's next message is http.disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: Request, work):
+    """Await the coroutine `work`, cancelling it if the client disconnects first (a queued request is dropped, as
+    over gRPC); ClientGone then, which no one reads."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise ClientGone("the client disconnected before the answer")
+    return task.result()
+
+
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
     """The request body, refused with TooLarge past `max_body_bytes`: from Content-Length before reading, and by
     counting while reading (chunked bodies); a gzip / deflate Content-Encoding is inflated under the same limit."""
@@ -368,8 +389,9 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
             return encode_infer_response(served.name, str(served.version), results, order, parsed.id,
                                          shm_outputs=parsed.shm_outputs, shared_memory=shared_memory)
 
-        content, header_length = await served.infer(parsed.inputs, requested, parsed.timeout_s, start_ns=start,
-                                                    decode_ns=time.perf_counter_ns() - decode_start, encode=encode)
+        content, header_length = await unless_gone(request, served.infer(
+            parsed.inputs, requested, parsed.timeout_s, start_ns=start, decode_ns=time.perf_counter_ns() - decode_start,
+            encode=encode))
         if header_length is None:
             return Response(content, media_type="application/json")
         return Response(content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
