@@ -245,6 +245,7 @@ class Server:
             self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.url = ""
+        self.http_url = ""
 
     def wait_ready(self, models: list[str], timeout_s: float) -> float:
         """Seconds until every model is ready over gRPC; RuntimeError (with the log's tail) otherwise."""
@@ -260,6 +261,8 @@ class Server:
                     raise RuntimeError(f"the server has no gRPC (pip install grpcio tritonclient[grpc]):\n{line}")
                 if "gRPC on " in line:
                     self.url = line.split("gRPC on ")[1].strip()
+                if "HTTP on http://" in line:
+                    self.http_url = line.split("HTTP on http://")[1].strip()
             time.sleep(0.2)
         client = gc.InferenceServerClient(self.url)
         try:
@@ -570,24 +573,31 @@ class Probe:
         out = {"configured": self.conc1_model(key, key)}
         nodelay = self.conc1_model(key, f"{key}_nodelay")
         out |= nodelay | {"model": f"{key}_nodelay"}
+        if self.server.http_url:
+            out["http"] = self.conc1_model(key, f"{key}_nodelay", protocol="http") | {"model": f"{key}_nodelay"}
         off = self.engines[key].get("offline")
         if off:
+            if "http" in out:
+                out["http"]["server_adds_ms"] = out["http"]["p50_ms"] - off["b1_host_ms"]
             out["server_adds_ms"] = out["p50_ms"] - off["b1_host_ms"]
             out["server_adds_vs_device_ms"] = out["p50_ms"] - off["b1_device_ms"]
             out["configured"]["server_adds_ms"] = out["configured"]["p50_ms"] - off["b1_host_ms"]
         return out
 
-    def conc1_model(self, key: str, model: str) -> dict:
+    def conc1_model(self, key: str, model: str, protocol: str = "grpc") -> dict:
+        """Sequential requests over `protocol` (grpc, or http with binary tensors): latency and the server's stages."""
         import tritonclient.grpc as gc
+        import tritonclient.http as hc
 
         from kiln.serve.dtypes import numpy_to_v2
 
-        client = gc.InferenceServerClient(self.server.url)
+        mod = gc if protocol == "grpc" else hc
+        client = mod.InferenceServerClient(self.server.url if protocol == "grpc" else self.server.http_url)
         try:
             ins = []
             for name, value in self.request_feeds(key).items():
-                inp = gc.InferInput(name, list(value.shape), numpy_to_v2(value.dtype))
-                inp.set_data_from_numpy(value)
+                inp = mod.InferInput(name, list(value.shape), numpy_to_v2(value.dtype))
+                inp.set_data_from_numpy(value, **({} if protocol == "grpc" else {"binary_data": True}))
                 ins.append(inp)
             for _ in range(30):
                 client.infer(model, ins)
@@ -855,11 +865,11 @@ class Probe:
                   "other | outside p50 / mean |", "|---|---|---|---|---|---|---|---|---|"]
         for key in ("resnet50", "bert"):
             one = p.get(f"c1 {key}") or {}
-            for row in (one, one.get("configured") or {}):
+            for row in (one, one.get("configured") or {}, one.get("http") or {}):
                 sv = row.get("server")
                 if not sv:
                     continue
-                name = row.get("model", key)
+                name = row.get("model", key) + (" (HTTP binary)" if row is one.get("http") else "")
                 lines.append(
                     f"| {name} | {f(row.get('p50_ms'), 3)} / {f(row.get('mean_ms'), 3)} | "
                     + " | ".join(f(sv.get(f"{k}_ms"), 3) for k in STAGES) + f" | {f(sv.get('other_ms'), 3)} | "
