@@ -399,15 +399,23 @@ def test_json_logs_and_request_logs(tmp_path):
 
 
 def test_text_logs_stay_as_they_were_and_log_format_is_checked(tmp_path):
+    """Also on Python's own event loop (--loop asyncio; the other tests take uvloop when installed)."""
     root = _onnx_repository(tmp_path / "models")
-    with serving(root, grpc=False) as (url, _, proc, log):
+    with serving(root, "--loop", "asyncio", grpc=False) as (url, _, proc, log):
+        client = _client(url)
+        try:
+            np.testing.assert_array_equal(_infer(client, np.ones((2, 4), np.float32), True).as_numpy("y"),
+                                          np.full((2, 4), 3))
+        finally:
+            client.close()
         stop(proc)
     lines = log.read_text().splitlines()
     assert f"kiln serve: HTTP on http://{url}" in lines and lines[-1] == "kiln serve: stopped", lines
     assert not any("success in" in line for line in lines)
-    bad = subprocess.run([sys.executable, "-m", "kiln", "serve", str(root), "--log-format", "xml"],
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and "--log-format 'xml'" in bad.stderr and "Traceback" not in bad.stderr
+    for flag, value in (("--log-format", "xml"), ("--loop", "trio")):
+        bad = subprocess.run([sys.executable, "-m", "kiln", "serve", str(root), flag, value],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and f"{flag} '{value}'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_serve_help_explains_every_config_field():

@@ -81,6 +81,9 @@ def serve(
         "--ray-address", metavar="ADDR", help="With --ray: join the Ray cluster at ADDR (host:6379 from `ray start "
                                               "--head`, or auto) instead of starting a local one; on exit only "
                                               "kiln's application is deleted.", show_default=False)] = None,
+    loop: Annotated[str, typer.Option(
+        "--loop", help="The event loop HTTP, gRPC and the batcher share: auto (uvloop when installed: ~5 % more "
+                       "requests/s on a CPU), uvloop or asyncio (Python's).")] = "auto",
     log_format: Annotated[str, typer.Option(
         "--log-format", help="Server logs on stderr: text ('kiln serve: ...') or json (one object per line: time, "
                              "level, logger, message, event fields).")] = "text",
@@ -96,6 +99,8 @@ def serve(
 
     from kiln.serve import logs
 
+    if loop not in ("auto", "asyncio", "uvloop"):
+        raise ConfigError(f"--loop {loop!r}: choose auto, asyncio or uvloop")
     if log_format not in logs.FORMATS:
         raise ConfigError(f"--log-format {log_format!r}: choose {' or '.join(logs.FORMATS)}")
     logs.configure(log_format, log_requests)
@@ -114,8 +119,14 @@ def serve(
         return
     if http_port < 0 and grpc_port < 0:
         raise ConfigError("--http-port -1 and --grpc-port -1 leave nothing to serve")
-    asyncio.run(_serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes,
-                       shared_memory))
+    try:
+        import uvloop
+    except ImportError:
+        if loop == "uvloop":
+            raise ConfigError("--loop uvloop needs uvloop: pip install uvloop (or --loop asyncio)") from None
+        uvloop = None
+    main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory)
+    (uvloop.run if uvloop is not None and loop != "asyncio" else asyncio.run)(main)
 
 
 def _listen(host: str, port: int):
