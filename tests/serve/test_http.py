@@ -420,6 +420,7 @@ def test_text_logs_stay_as_they_were_and_log_format_is_checked(tmp_path):
 
 def test_serve_help_explains_every_config_field():
     """`kiln serve --help` names every key config.toml accepts (config.py's readers), so none goes undocumented."""
+    import dataclasses
     import inspect as pyinspect
 
     from typer.testing import CliRunner
@@ -430,9 +431,10 @@ def test_serve_help_explains_every_config_field():
     text = " ".join(CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output.split())
     source = pyinspect.getsource(config)
     keys = set(re.findall(r'raw\.get\("(\w+)"', source)) | set(re.findall(r'"(\w+)" in raw', source))
+    keys |= {f.name for cls in (config.DynamicBatching, config.Padding) for f in dataclasses.fields(cls)}
     keys |= {"name", "max_batch_size", "input", "output", "instance_count", "instance_group", "precision", "profiles",
              "version_policy", "preferred_batch_size", "max_queue_delay_microseconds", "max_queue_size",
-             "reject_status", "default_timeout_microseconds", "batch_buckets", "padding", "axis", "inputs", "outputs",
-             "length_multiple", "data_type", "dims", "latest", "num_versions", "specific", "versions"}
+             "reject_status", "default_timeout_microseconds", "batch_buckets", "warmup", "padding", "axis", "inputs",
+             "outputs", "length_multiple", "data_type", "dims", "latest", "num_versions", "specific", "versions"}
     missing = sorted(k for k in keys if k not in text)
     assert not missing, missing

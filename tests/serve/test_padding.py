@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_http import serving
 
 import kiln
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, InputError
 from kiln.serve import DynamicBatcher, ModelConfig
 from kiln.serve.config import Padding
 from kiln.serve.errors import BadRequest
@@ -344,3 +344,52 @@ def test_batch_buckets_and_length_multiple(tmp_path, engine):
             _config(tmp_path, text + bad + "\n").complete(engine)
     with pytest.raises(ConfigError, match="length_multiple"):
         _config(tmp_path, f"max_batch_size = 8\n{PADDING}length_multiple = 0\n")
+
+
+# ---------------------------------------------------------------- warm-up at the batch buckets
+
+
+@dataclass
+class _Contexts:
+    """An engine whose every context records the feed shapes it ran; `refuse`: contexts raise a KilnError."""
+
+    runs: list = field(default_factory=list)
+    refuse: bool = False
+
+    def create_context(self, **options):
+        engine = self
+
+        class Ctx:
+            def run(self, feeds):
+                if engine.refuse:
+                    raise InputError("zeros are not valid here")
+                engine.runs.append((id(self), {k: v.shape for k, v in feeds.items()}))
+                return {"y": feeds["x"]}
+
+        return Ctx()
+
+
+def _served(engine, **batching):
+    from kiln.serve.config import DynamicBatching, ModelConfig, TensorConfig
+    from kiln.serve.model import ServedModel
+
+    cfg = ModelConfig("m", max_batch_size=4, input=[TensorConfig("x", "FP32", [3])],
+                      output=[TensorConfig("y", "FP32", [3])], dynamic_batching=DynamicBatching(**batching),
+                      instance_count=2)
+    return ServedModel("m", "1", cfg, engine)
+
+
+def test_warm_up_runs_every_context_at_every_bucket():
+    engine = _Contexts()
+    assert _served(engine, batch_buckets=[1, 2, 4]).warmed == [1, 2, 4]
+    assert sorted(shape["x"] for _, shape in engine.runs) == [(1, 3)] * 2 + [(2, 3)] * 2 + [(4, 3)] * 2
+    assert len({ctx for ctx, _ in engine.runs}) == 2  # both instances
+
+
+def test_warm_up_is_skipped_without_buckets_or_when_off_or_refused():
+    engine = _Contexts()
+    assert _served(engine).warmed == []  # no buckets: the CPU default
+    assert _served(engine, batch_buckets=[1, 2], warmup=False).warmed == []
+    assert engine.runs == []
+    refused = _served(_Contexts(refuse=True), batch_buckets=[1, 2])  # loads, cold
+    assert refused.warmed == []

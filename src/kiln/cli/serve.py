@@ -30,7 +30,9 @@ execution contexts serving one queue. version_policy: {latest = {num_versions = 
 \[dynamic_batching] preferred_batch_size: batch sizes formed first. max_queue_delay_microseconds: how long the
 oldest request waits for more. max_queue_size: requests waiting at most (0: no limit), beyond it reject_status (503
 or 429). default_timeout_microseconds: a request still queued after it gets 504. batch_buckets: row counts a batch is
-padded up to (default on a GPU: the powers of two, the preferred sizes and max_batch_size).
+padded up to (default on a GPU: the powers of two, the preferred sizes and max_batch_size). warmup: run every
+instance once at each bucket on load, so no request pays a bucket's first call (default: on where there are buckets
+and no padding).
 
 \[dynamic_batching.padding] axis: the axis (besides the batch) that requests may differ along. inputs: {INPUT = pad
 value} of the inputs padded along it. outputs: the outputs cut back to each request's length. length_multiple:

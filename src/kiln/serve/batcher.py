@@ -302,6 +302,16 @@ class DynamicBatcher:
             if not r.future.done():
                 r.future.set_result(answer)
 
+    def run_each_context(self, feeds: dict) -> None:
+        """Run `feeds` once on every execution context (a warm-up, before any request is queued)."""
+        contexts = [self._contexts.get() for _ in range(self.instance_count)]
+        try:
+            for ctx in contexts:
+                ctx.run(feeds)
+        finally:
+            for ctx in contexts:
+                self._contexts.put(ctx)
+
     def _execute(self, feeds: dict) -> tuple[dict, int]:
         """On a worker thread: run the engine on a free execution context; (outputs, nanoseconds of the run)."""
         ctx = self._contexts.get()

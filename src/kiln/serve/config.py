@@ -55,6 +55,10 @@ class DynamicBatching:
     # shapes (one CUDA graph each) instead of every count up to max_batch_size; None: the powers of two, the
     # preferred sizes and max_batch_size on a GPU, nothing on the CPU; [] never pads
     batch_buckets: list[int] | None = None
+    # kiln's own (Triton's model_warmup): on load, run every execution context once at each batch bucket (zeros), so
+    # no request pays a bucket's first call (CUDA graph capture, plans); None: on wherever there are buckets and no
+    # padding (each bucket is then one shape)
+    warmup: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ class ModelConfig:
                                or any(not _is_int(b) or b < 1 for b in db.batch_buckets or ())):
             raise ConfigError(f"{where}: dynamic_batching values must be >= 0 (preferred sizes and batch buckets "
                               ">= 1)")
+        if db is not None and db.warmup not in (None, True, False):
+            raise ConfigError(f"{where}: dynamic_batching.warmup must be true or false, got {db.warmup!r}")
         if db is not None and db.reject_status not in (429, 503):
             raise ConfigError(f"{where}: dynamic_batching.reject_status must be 429 or 503, got {db.reject_status}")
 

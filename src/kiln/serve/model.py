@@ -14,7 +14,8 @@ from kiln.serve.batcher import BatchRecord, DynamicBatcher, RequestTiming
 from kiln.serve.config import ModelConfig
 from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY
 from kiln.serve.errors import BadRequest, ServeError
-from kiln.serve.logs import REQUESTS
+from kiln.errors import KilnError
+from kiln.serve.logs import REQUESTS, event
 from kiln.serve.metrics import Metrics
 
 
@@ -86,6 +87,30 @@ class ServedModel:
             padding_limits=_padding_limits(self.engine, padding) if padding is not None else [],
             batch_buckets=_batch_buckets(self.engine, cfg), length_multiple=_length_multiple(self.engine, padding))
         self._default_timeout_s = db.default_timeout_microseconds / 1e6 if db else 0.0
+        self.warmed = self._warm_up()
+
+    def _warm_up(self) -> list[int]:
+        """Run every context at each batch bucket (config `warmup`, see config.DynamicBatching): the buckets warmed.
+        Zeros a model refuses leave it cold, with a warning, never unloaded."""
+        db, buckets = self.config.dynamic_batching, self.batcher.batch_buckets
+        on = db.warmup if db is not None and db.warmup is not None else bool(buckets) and db.padding is None
+        if not on or not buckets or any(d < 0 for t in self.config.input for d in t.dims):
+            return []
+        start = time.perf_counter()
+        for rows in buckets:
+            feeds = {t.name: np.zeros([rows, *t.dims], V2_TO_NUMPY[t.data_type]) for t in self.config.input}
+            try:
+                self.batcher.run_each_context(feeds)
+            except KilnError as e:
+                event(f"model {self.name} version {self.version}: warm-up at batch {rows} failed ({e}); batches of "
+                      "that size pay their first call", logging.WARNING, event="warmup_failed", model=self.name,
+                      version=self.version, batch=rows, reason=str(e))
+                return []
+        seconds = round(time.perf_counter() - start, 3)
+        event(f"model {self.name} version {self.version}: warmed {self.config.instance_count} context(s) at batch "
+              f"sizes {buckets} in {seconds} s", event="warmup", model=self.name, version=self.version,
+              batches=list(buckets), seconds=seconds)
+        return list(buckets)
 
     def metadata(self) -> dict:
         """KServe v2 model metadata; shapes carry -1 for the batch dim of a batched model."""
