@@ -50,8 +50,11 @@ def test_deployment_options():
     assert opts["ray_actor_options"]["num_gpus"] == 1 and "num_replicas" not in opts
     assert opts["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
                                           "target_ongoing_requests": 3}
+    # a share of a GPU per replica: several replicas (processes) on one GPU; ignored on the CPU
+    assert deployment_options("cuda", num_replicas=4, num_gpus=0.25)["ray_actor_options"]["num_gpus"] == 0.25
+    assert "num_gpus" not in deployment_options("cpu", num_gpus=0.25)["ray_actor_options"]
     for bad in ({"num_replicas": 2, "max_replicas": 3}, {"num_replicas": 0}, {"min_replicas": 3, "max_replicas": 2},
-                {"max_replicas": 0}, {"min_replicas": 1}):
+                {"max_replicas": 0}, {"min_replicas": 1}, {"num_gpus": 0}, {"num_gpus": 1.5}):
         with pytest.raises(ConfigError):
             deployment_options("cpu", **bad)
 
@@ -70,7 +73,9 @@ def test_cli_ray_flag_errors_are_one_line(tmp_path, monkeypatch):
                           (["--ray", "--replicas", "2", "--autoscale", "1:3"], "give --replicas or --autoscale"),
                           (["--ray", "--autoscale", "3"], "--autoscale '3' is not MIN:MAX"),
                           (["--ray", "--autoscale", "4:2"], "need MIN <= MAX"),
-                          (["--ray", "--http-port", "-1"], "HTTP only")):
+                          (["--ray", "--http-port", "-1"], "HTTP only"),
+                          (["--gpus-per-replica", "0.5"], "--gpus-per-replica needs --ray"),
+                          (["--ray", "--gpus-per-replica", "2"], "num_gpus per replica must be in (0, 1]")):
         result = _cli(str(tmp_path), *args)
         lines = result.stderr.strip().splitlines()
         assert result.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
@@ -155,7 +160,8 @@ def test_app_builder_for_rays_serve_run(repository):
     from kiln.serve.ray_app import app_builder
 
     root, _ = repository
-    app = app_builder({"repository": str(root), "num_replicas": "2", "device": "cpu", "num_cpus": "0.5"})
+    app = app_builder({"repository": str(root), "num_replicas": "2", "device": "cpu", "num_cpus": "0.5",
+                       "num_gpus": "0.5"})
     assert type(app).__name__ == "Application"
     for args, message in (({"num_replicas": "2"}, "needs repository="),
                           ({"repository": str(root), "replicas": "2"}, "unknown app_builder argument 'replicas'"),

@@ -79,6 +79,10 @@ def serve(
         "--autoscale", metavar="MIN:MAX", help="With --ray: autoscale between MIN and MAX replicas on the requests "
                                                f"in flight per replica (target {DEFAULT_TARGET_ONGOING:g}).",
         show_default=False)] = None,
+    gpus_per_replica: Annotated[Optional[float], typer.Option(
+        "--gpus-per-replica", metavar="F", help="With --ray on cuda: the share of a GPU each replica takes (default 1; "
+                                                "0.25: four replicas, four processes, share one GPU).",
+        show_default=False)] = None,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", metavar="ADDR", help="With --ray: join the Ray cluster at ADDR (host:6379 from `ray start "
                                               "--head`, or auto) instead of starting a local one; on exit only "
@@ -109,7 +113,8 @@ def serve(
     if not repository.is_dir():
         raise ConfigError(f"model repository {repository} is not a folder")
     if not ray:
-        for flag, value in (("--replicas", replicas), ("--autoscale", autoscale), ("--ray-address", ray_address)):
+        for flag, value in (("--replicas", replicas), ("--autoscale", autoscale), ("--ray-address", ray_address),
+                            ("--gpus-per-replica", gpus_per_replica)):
             if value is not None:
                 raise ConfigError(f"{flag} needs --ray")
     if ray:
@@ -117,7 +122,8 @@ def serve(
             raise ConfigError("--shared-memory is not served under --ray (each replica is its own process)")
         if http_port < 0:
             raise ConfigError("--ray serves HTTP only: --http-port -1 leaves nothing to serve")
-        _serve_ray(repository, host, http_port, device, policy, max_body_bytes, replicas, autoscale, ray_address)
+        _serve_ray(repository, host, http_port, device, policy, max_body_bytes, replicas, autoscale, ray_address,
+                   gpus_per_replica)
         return
     if http_port < 0 and grpc_port < 0:
         raise ConfigError("--http-port -1 and --grpc-port -1 leave nothing to serve")
@@ -266,7 +272,8 @@ def _parse_autoscale(spec: str) -> tuple[int, int]:
 
 
 def _serve_ray(root: Path, host: str, http_port: int, device: str, policy: str, max_body_bytes: int,
-               replicas: int | None, autoscale: str | None, address: str | None) -> None:
+               replicas: int | None, autoscale: str | None, address: str | None,
+               gpus_per_replica: float | None = None) -> None:
     """`kiln serve --ray`: deploy on Ray Serve, block until SIGINT / SIGTERM, then shut Ray Serve down."""
     import signal
     import threading
@@ -281,10 +288,12 @@ def _serve_ray(root: Path, host: str, http_port: int, device: str, policy: str, 
     if autoscale is not None:
         lo, hi = _parse_autoscale(autoscale)
         scale = {"min_replicas": lo, "max_replicas": hi}
+    if gpus_per_replica is not None:
+        scale["num_gpus"] = gpus_per_replica
+        ray_app.deployment_options("cuda", num_gpus=gpus_per_replica)  # a bad share fails before Ray starts
     ray_app.import_ray()  # the missing-install error before anything starts
 
-    def say(message: str) -> None:
-        typer.echo(f"kiln serve: {message}", err=True)
+    say = event  # the server's logs (text or JSON)
 
     stop = threading.Event()
     signals = (signal.SIGINT, signal.SIGTERM)
@@ -300,7 +309,7 @@ def _serve_ray(root: Path, host: str, http_port: int, device: str, policy: str, 
                 state = m.get("state")
                 reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
                 event(f"model {m.get('name')} version {m.get('version')}: {state}{reason}", event="model_state",
-                  model=m.get("name"), version=m.get("version"), state=state, reason=m.get("reason") or "")
+                      model=m.get("name"), version=m.get("version"), state=state, reason=m.get("reason") or "")
             how = (f"autoscaling {scale['min_replicas']}..{scale['max_replicas']} replicas" if autoscale is not None
                    else f"{replicas or 1} replica{'s' if (replicas or 1) > 1 else ''}")
             say(f"Ray Serve, {how}; gRPC and --metrics-port are off under --ray")

@@ -132,9 +132,11 @@ def _resolve_device(device: str, ray) -> str:
 
 def deployment_options(device: str, *, num_replicas: int | None = None, min_replicas: int | None = None,
                        max_replicas: int | None = None, target_ongoing_requests: float = DEFAULT_TARGET_ONGOING,
-                       max_ongoing_requests: int = DEFAULT_MAX_ONGOING, num_cpus: float = 1.0) -> dict:
+                       max_ongoing_requests: int = DEFAULT_MAX_ONGOING, num_cpus: float = 1.0,
+                       num_gpus: float = 1.0) -> dict:
     """The Ray Serve deployment options: `num_replicas` (default 1) or autoscaling between `min_replicas` and
-    `max_replicas`, and `ray_actor_options` (one GPU per replica for `device` "cuda", `num_cpus` CPUs otherwise)."""
+    `max_replicas`, and `ray_actor_options` (`num_gpus` of a GPU per replica for `device` "cuda": a fraction lets
+    several replicas, each its own process, share one GPU; `num_cpus` CPUs otherwise)."""
     autoscale = min_replicas is not None or max_replicas is not None
     if autoscale and num_replicas is not None:
         raise ConfigError("give either a replica count or autoscaling (min and max replicas), not both")
@@ -142,7 +144,10 @@ def deployment_options(device: str, *, num_replicas: int | None = None, min_repl
         raise ConfigError(f"num_cpus must be 0 or more, got {num_cpus}")
     if max_ongoing_requests < 1:
         raise ConfigError(f"max_ongoing_requests must be at least 1, got {max_ongoing_requests}")
-    actor = {"num_cpus": num_cpus, **({"num_gpus": 1} if device == "cuda" else {})}
+    if not 0 < num_gpus <= 1:
+        raise ConfigError(f"num_gpus per replica must be in (0, 1] (a replica runs on one GPU; 0.25: four replicas "
+                          f"share one), got {num_gpus}")
+    actor = {"num_cpus": num_cpus, **({"num_gpus": num_gpus} if device == "cuda" else {})}
     opts: dict = {"ray_actor_options": actor, "max_ongoing_requests": max_ongoing_requests,
                   "max_constructor_retry_count": 3}
     if autoscale:
@@ -165,11 +170,11 @@ def deployment_options(device: str, *, num_replicas: int | None = None, min_repl
 def build_app(repository: str | Path, *, device: str = "auto", policy: str = "strict", num_replicas: int | None = None,
               min_replicas: int | None = None, max_replicas: int | None = None,
               target_ongoing_requests: float = DEFAULT_TARGET_ONGOING, max_ongoing_requests: int = DEFAULT_MAX_ONGOING,
-              num_cpus: float = 1.0, max_body_bytes: int = 64 << 20, name: str = DEFAULT_NAME):
+              num_cpus: float = 1.0, num_gpus: float = 1.0, max_body_bytes: int = 64 << 20, name: str = DEFAULT_NAME):
     """The Ray Serve application (a bound deployment, for `serve.run`) serving `repository`'s models over the v2
     HTTP routes. `device`: auto, cpu or cuda (one GPU per replica); `num_replicas`, or `min_replicas` /
-    `max_replicas` / `target_ongoing_requests` for autoscaling; `max_ongoing_requests` per replica; `num_cpus` per
-    replica; `name`: the deployment's name."""
+    `max_replicas` / `target_ongoing_requests` for autoscaling; `max_ongoing_requests` per replica; `num_cpus` and
+    `num_gpus` (on cuda) per replica; `name`: the deployment's name."""
     ray, serve = import_ray()
     root = Path(repository).expanduser().resolve()
     if not root.is_dir():
@@ -179,7 +184,7 @@ def build_app(repository: str | Path, *, device: str = "auto", policy: str = "st
     resolved = _resolve_device(device, ray)
     opts = deployment_options(resolved, num_replicas=num_replicas, min_replicas=min_replicas,
                               max_replicas=max_replicas, target_ongoing_requests=target_ongoing_requests,
-                              max_ongoing_requests=max_ongoing_requests, num_cpus=num_cpus)
+                              max_ongoing_requests=max_ongoing_requests, num_cpus=num_cpus, num_gpus=num_gpus)
     ingress = serve.ingress()(KilnReplica)  # late-bound: the app is built on the replica, over its repository
     deployment = serve.deployment(ingress, name=name, **opts)
     return deployment.bind(str(root), resolved, policy, max_body_bytes)
@@ -188,14 +193,14 @@ def build_app(repository: str | Path, *, device: str = "auto", policy: str = "st
 def app_builder(args: dict):
     """For Ray's CLI: `serve run kiln.serve.ray_app:app_builder repository=/abs/models [num_replicas=N]
     [min_replicas=A max_replicas=B target_ongoing_requests=T] [device=auto|cpu|cuda] [policy=strict]
-    [num_cpus=C] [max_ongoing_requests=M] [max_body_bytes=BYTES]`."""
+    [num_cpus=C] [num_gpus=G] [max_ongoing_requests=M] [max_body_bytes=BYTES]`."""
     args = dict(args)
     if "repository" not in args:
         raise ConfigError("app_builder needs repository=FOLDER (the model repository)")
     kw: dict = {"repository": args.pop("repository")}
     casts = {"num_replicas": int, "min_replicas": int, "max_replicas": int, "max_ongoing_requests": int,
-             "max_body_bytes": int, "target_ongoing_requests": float, "num_cpus": float, "device": str,
-             "policy": str, "name": str}
+             "max_body_bytes": int, "target_ongoing_requests": float, "num_cpus": float, "num_gpus": float,
+             "device": str, "policy": str, "name": str}
     for key, value in args.items():
         if key not in casts:
             raise ConfigError(f"unknown app_builder argument {key!r}; known: repository, {', '.join(casts)}")
