@@ -81,16 +81,12 @@ def _message(cls, data: dict):
 
 def _shm_ref(what: str, parameters, shared_memory: SharedMemoryRegistry | None) -> TensorRef | None:
     """The shared memory parameters of a tensor's InferParameter map (None: it has none)."""
-    if not any(p in parameters for p in SHM_PARAMS):
-        return None
-    if shared_memory is None:
-        raise off_error()
     values = {}
     for key in SHM_PARAMS:
         if key in parameters:
             choice = parameters[key].WhichOneof("parameter_choice")
             values[key] = getattr(parameters[key], choice) if choice else None
-    return tensor_ref(what, values)
+    return tensor_ref(what, values, enabled=shared_memory is not None)
 
 
 def _decode_input(tensor, raw: bytes | None, shared_memory: SharedMemoryRegistry | None = None) -> np.ndarray:

@@ -25,7 +25,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kiln.errors import InternalError, KilnError
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2, to_v2
 from kiln.serve.errors import BadRequest, ClientGone, ModelNotFound, ServeError, TooLarge
-from kiln.serve.shared_memory import PARAMS as SHM_PARAMS
 from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
 
@@ -118,14 +117,6 @@ def parse_infer_request(body: bytes, header_length: str | int | None, expected_i
     return InferRequest(inputs, outputs, binary_default, request_id, timeout_s, params, shm_outputs)
 
 
-def _shm_ref(what: str, params: dict, shared_memory: SharedMemoryRegistry | None) -> TensorRef | None:
-    if not any(p in params for p in SHM_PARAMS):
-        return None
-    if shared_memory is None:
-        raise off_error()
-    return tensor_ref(what, params)
-
-
 def _parse_input(t, i: int, binary: bytes, offset: int, expected: dict[str, str] | None,
                  shared_memory: SharedMemoryRegistry | None = None) -> tuple[np.ndarray, int]:
     """(the array, binary bytes it used) of input number `i`."""
@@ -152,7 +143,7 @@ def _parse_input(t, i: int, binary: bytes, offset: int, expected: dict[str, str]
     params = t.get("parameters") or {}
     if not isinstance(params, dict):
         raise _bad(f"input '{name}': 'parameters' must be a JSON object")
-    ref = _shm_ref(f"input '{name}'", params, shared_memory)
+    ref = tensor_ref(f"input '{name}'", params, enabled=shared_memory is not None)
     if ref is not None:
         if "data" in t or "binary_data_size" in params:
             raise _bad(f"input '{name}' has both shared memory parameters and "
@@ -201,7 +192,7 @@ def _parse_outputs(raw, shared_memory: SharedMemoryRegistry | None = None
             raise _bad(f"output '{o['name']}': 'parameters' must be a JSON object")
         if params.get("classification"):
             raise _bad(f"output '{o['name']}': classification is not supported")
-        ref = _shm_ref(f"output '{o['name']}'", params, shared_memory)
+        ref = tensor_ref(f"output '{o['name']}'", params, enabled=shared_memory is not None)
         if ref is not None:
             shared_memory.check(f"output '{o['name']}'", ref)
             shm[o["name"]] = ref

@@ -44,10 +44,13 @@ def _count(value, what: str, field: str) -> int:
     return value
 
 
-def tensor_ref(what: str, params: Mapping) -> TensorRef | None:
-    """The shared memory parameters among a tensor's `params` (None: it has none); BadRequest naming `what`."""
+def tensor_ref(what: str, params: Mapping, enabled: bool = True) -> TensorRef | None:
+    """The shared memory parameters among a tensor's `params` (None: it has none); BadRequest naming `what`, or
+    Unsupported when the server serves no shared memory (`enabled` False)."""
     if not any(p in params for p in PARAMS):
         return None
+    if not enabled:
+        raise off_error()
     region = params.get(REGION)
     if REGION not in params or BYTE_SIZE not in params:
         raise BadRequest(f"{what}: shared memory needs both {REGION} and {BYTE_SIZE}")
