@@ -40,6 +40,8 @@ _CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "in
                    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
                    "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
                    "FP64": "fp64_contents"}
+# the wire dtype of each numeric v2 datatype (raw contents are little-endian)
+_LITTLE_ENDIAN = {name: dtype.newbyteorder("<") for name, dtype in V2_TO_NUMPY.items() if name != "BYTES"}
 
 
 async def _maybe_await(value):
@@ -81,6 +83,8 @@ def _message(cls, data: dict):
 
 def _shm_ref(what: str, parameters, shared_memory: SharedMemoryRegistry | None) -> TensorRef | None:
     """The shared memory parameters of a tensor's InferParameter map (None: it has none)."""
+    if not parameters:  # the usual case: no parameters at all, nothing to look up
+        return None
     values = {}
     for key in SHM_PARAMS:
         if key in parameters:
@@ -91,17 +95,17 @@ def _shm_ref(what: str, parameters, shared_memory: SharedMemoryRegistry | None) 
 
 def _decode_input(tensor, raw: bytes | None, shared_memory: SharedMemoryRegistry | None = None) -> np.ndarray:
     """One ModelInferRequest input as an array (raw little-endian bytes, its typed InferTensorContents, or read from
-    a shared memory region)."""
+    a shared memory region). Raw bytes are viewed in place, read-only: the batcher copies what it hands on as is."""
     name, datatype = tensor.name, tensor.datatype
     if datatype == "BYTES":
         raise BadRequest(f"input '{name}': BYTES tensors are not supported (engine inputs are numeric)")
-    if datatype not in V2_TO_NUMPY:
+    dtype = _LITTLE_ENDIAN.get(datatype)
+    if dtype is None:
         raise BadRequest(f"input '{name}': unknown datatype '{datatype}'")
     shape = list(tensor.shape)
     if any(d < 0 for d in shape):
         raise BadRequest(f"input '{name}': shape {shape} has a negative dimension")
     count = math.prod(shape)
-    dtype = np.dtype(V2_TO_NUMPY[datatype]).newbyteorder("<")
     ref = _shm_ref(f"input '{name}'", tensor.parameters, shared_memory)
     if ref is not None:
         if tensor.HasField("contents"):
@@ -114,25 +118,24 @@ def _decode_input(tensor, raw: bytes | None, shared_memory: SharedMemoryRegistry
             raise BadRequest(f"input '{name}': {len(raw)} bytes of data, but shape {shape} of {datatype} needs "
                              f"{count * dtype.itemsize}")
         array = np.frombuffer(raw, dtype=dtype)
-    else:
-        field = _CONTENTS_FIELD.get(datatype)
-        if field is None:
-            raise BadRequest(f"input '{name}': {datatype} data must be sent in raw_input_contents")
-        values = getattr(tensor.contents, field)
-        if len(values) != count:
-            raise BadRequest(f"input '{name}': {len(values)} values in contents.{field}, but shape {shape} needs "
-                             f"{count}")
-        array = np.asarray(values)
-        if dtype.kind in "iu" and array.size and not np.all(array.astype(dtype) == array):
-            raise BadRequest(f"input '{name}': values out of range for {datatype}")
-        array = array.astype(dtype)
+        return (array if dtype.isnative else array.astype(dtype.newbyteorder("="))).reshape(shape)
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise BadRequest(f"input '{name}': {datatype} data must be sent in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise BadRequest(f"input '{name}': {len(values)} values in contents.{field}, but shape {shape} needs "
+                         f"{count}")
+    array = np.asarray(values)
+    if dtype.kind in "iu" and array.size and not np.all(array.astype(dtype) == array):
+        raise BadRequest(f"input '{name}': values out of range for {datatype}")
     return array.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
 
 
 def decode_inputs(request, shared_memory: SharedMemoryRegistry | None = None) -> dict[str, np.ndarray]:
     """The inputs of a ModelInferRequest by name; raw_input_contents holds those not in shared memory, in order."""
-    raw = list(request.raw_input_contents)
-    in_shm = [any(p in t.parameters for p in SHM_PARAMS) for t in request.inputs]
+    raw = request.raw_input_contents
+    in_shm = [bool(t.parameters) and any(p in t.parameters for p in SHM_PARAMS) for t in request.inputs]
     if raw and len(raw) != in_shm.count(False):
         raise BadRequest(f"raw_input_contents has {len(raw)} entries for {in_shm.count(False)} inputs not in shared "
                          "memory: send every such input's data raw, or none")

@@ -66,7 +66,8 @@ def _load_json(text: bytes, what: str):
 def parse_infer_request(body: bytes, header_length: str | int | None, expected_inputs: dict[str, str] | None = None,
                         *, shared_memory: SharedMemoryRegistry | None = None) -> InferRequest:
     """Parse an infer request body. `header_length`: the Inference-Header-Content-Length header (None = the whole
-    body is JSON); `expected_inputs`: the model's input names → v2 datatypes; `shared_memory`: the regions, if on."""
+    body is JSON); `expected_inputs`: the model's input names → v2 datatypes; `shared_memory`: the regions, if on.
+    Binary tensors are read-only views of `body`."""
     binary = b""
     if header_length is not None:
         try:
@@ -75,7 +76,8 @@ def parse_infer_request(body: bytes, header_length: str | int | None, expected_i
             raise _bad(f"{HEADER_LENGTH} must be an integer, got {str(header_length)[:40]!r}") from None
         if n < 0 or n > len(body):
             raise _bad(f"{HEADER_LENGTH} {n} is outside the request body of {len(body)} bytes")
-        body, binary = body[:n], body[n:]
+        view = memoryview(body)  # the tensors are viewed in place, not sliced out (a copy each)
+        body, binary = bytes(view[:n]), view[n:]
     request = _load_json(body, "the inference request")
     if not isinstance(request, dict):
         raise _bad("the inference request must be a JSON object")
@@ -161,8 +163,8 @@ def _parse_input(t, i: int, binary: bytes, offset: int, expected: dict[str, str]
         if offset + size > len(binary):
             raise _bad(f"input '{name}': binary_data_size {size} runs past the end of the binary data "
                        f"({len(binary) - offset} bytes left)")
-        chunk = binary[offset:offset + size]
-        return np.frombuffer(chunk, dtype.newbyteorder("<")).astype(dtype, copy=True).reshape(shape), size
+        array = np.frombuffer(binary[offset:offset + size], dtype.newbyteorder("<"))  # read-only: the batcher copies
+        return (array if array.dtype.isnative else array.astype(dtype)).reshape(shape), size
     data = t.get("data")
     if not isinstance(data, list):
         raise _bad(f"input '{name}' needs 'data' (a list) or parameters.binary_data_size")

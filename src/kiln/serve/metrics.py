@@ -17,6 +17,7 @@ class Metrics:
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     content_type: str = CONTENT_TYPE_LATEST
+    _children: dict = field(default_factory=dict, init=False, repr=False)  # (metric, labels) → its labelled child
 
     def __post_init__(self):
         self.requests = Counter("kiln_inference_requests_total", "Inference requests by outcome.",
@@ -37,22 +38,30 @@ class Metrics:
                                                 "Batch output split and response encoding per successful request.",
                                                 ["model"], buckets=TIME_BUCKETS, registry=self.registry)
 
+    def _child(self, metric, *labels: str):
+        """`metric.labels(*labels)`, looked up once: prometheus_client validates and locks on every call."""
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[metric, labels] = metric.labels(*labels)
+        return child
+
     def request(self, model: str, version: str, status: str) -> None:
         """Count one finished request; `status` is "success" or the error's class name."""
-        self.requests.labels(model=model, version=version, status=status).inc()
+        self._child(self.requests, model, version, status).inc()
 
     def batch(self, model: str, size: int, compute_s: float, queue_s: list[float]) -> None:
         """Record one executed batch: its rows, engine time and each request's queue wait."""
-        self.batch_size.labels(model=model).observe(size)
-        self.compute_seconds.labels(model=model).observe(compute_s)
+        self._child(self.batch_size, model).observe(size)
+        self._child(self.compute_seconds, model).observe(compute_s)
+        queue = self._child(self.queue_seconds, model)
         for q in queue_s:
-            self.queue_seconds.labels(model=model).observe(q)
+            queue.observe(q)
 
     def stages(self, model: str, request_s: float, input_s: float, output_s: float) -> None:
         """Record one successful request's server-side time and its compute input / output stages."""
-        self.request_seconds.labels(model=model).observe(request_s)
-        self.compute_input_seconds.labels(model=model).observe(input_s)
-        self.compute_output_seconds.labels(model=model).observe(output_s)
+        self._child(self.request_seconds, model).observe(request_s)
+        self._child(self.compute_input_seconds, model).observe(input_s)
+        self._child(self.compute_output_seconds, model).observe(output_s)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

@@ -87,6 +87,9 @@ class ServedModel:
             padding_limits=_padding_limits(self.engine, padding) if padding is not None else [],
             batch_buckets=_batch_buckets(self.engine, cfg), length_multiple=_length_multiple(self.engine, padding))
         self._default_timeout_s = db.default_timeout_microseconds / 1e6 if db else 0.0
+        batch = [-1] if cfg.max_batch_size else []
+        self._input_spec = {t.name: (V2_TO_NUMPY[t.data_type], t.data_type, batch + list(t.dims)) for t in cfg.input}
+        self._output_names = frozenset(t.name for t in cfg.output)
         self.warmed = self._warm_up()
 
     def _warm_up(self) -> list[int]:
@@ -165,25 +168,24 @@ class ServedModel:
 
     def _validate(self, inputs: dict[str, np.ndarray], requested: list[str] | None) -> int:
         """BadRequest naming the first wrong input or output; the request's batch size (1 for unbatched)."""
-        cfg = self.config
-        expected = {t.name: t for t in cfg.input}
-        if unknown := sorted(set(inputs) - set(expected)):
-            raise BadRequest(f"unknown input {unknown[0]!r} for model {self.name!r}; its inputs are {sorted(expected)}")
-        if missing := sorted(set(expected) - set(inputs)):
+        cfg, expected = self.config, self._input_spec
+        if inputs.keys() != expected.keys():
+            if unknown := sorted(set(inputs) - set(expected)):
+                raise BadRequest(f"unknown input {unknown[0]!r} for model {self.name!r}; its inputs are "
+                                 f"{sorted(expected)}")
+            missing = sorted(set(expected) - set(inputs))
             raise BadRequest(f"model {self.name!r}: missing input {missing[0]!r}; its inputs are {sorted(expected)}")
-        outs = {t.name for t in cfg.output}
-        if requested is not None and (bad := [r for r in requested if r not in outs]):
-            raise BadRequest(f"unknown output {bad[0]!r} for model {self.name!r}; its outputs are {sorted(outs)}")
+        if requested is not None and (bad := [r for r in requested if r not in self._output_names]):
+            raise BadRequest(f"unknown output {bad[0]!r} for model {self.name!r}; its outputs are "
+                             f"{sorted(self._output_names)}")
         batch = set()
-        for name, t in expected.items():
+        for name, (want, datatype, dims) in expected.items():
             a = inputs[name]
             if not isinstance(a, np.ndarray):
                 raise BadRequest(f"input {name!r} must be a numpy array, got {type(a).__name__}")
-            want = V2_TO_NUMPY[t.data_type]
             if a.dtype != want:
                 got = NUMPY_TO_V2.get(a.dtype, str(a.dtype))
-                raise BadRequest(f"input {name!r}: datatype {got} does not match the model's {t.data_type}")
-            dims = ([-1] if cfg.max_batch_size else []) + list(t.dims)
+                raise BadRequest(f"input {name!r}: datatype {got} does not match the model's {datatype}")
             if a.ndim != len(dims) or any(d != -1 and d != s for d, s in zip(dims, a.shape)):
                 raise BadRequest(f"input {name!r}: shape {list(a.shape)} does not match the model's {dims} "
                                  "(-1 = any size)")
