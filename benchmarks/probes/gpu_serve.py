@@ -238,7 +238,8 @@ class Server:
         command = [*shlex.split(args.server_prefix), sys.executable, "-m", "kiln", "serve", str(repo),
                    "--grpc-port", str(args.grpc_port),
                    "--http-port", str(args.http_port), "--metrics-port", "-1", "--device", args.device,
-                   *(["--shared-memory"] if args.shared_memory else [])]
+                   *(["--shared-memory"] if args.shared_memory else []), "--workers", str(args.workers)]
+        self.workers = args.workers
         self.command = " ".join(command)
         self.prefixed = bool(args.server_prefix)
         with open(log, "w") as err:
@@ -253,7 +254,7 @@ class Server:
 
         start = time.perf_counter()
         deadline = start + timeout_s
-        while not self.url:
+        while not self.url or self.log.read_text(errors="replace").count("gRPC on ") < self.workers:
             if self.proc.poll() is not None or time.perf_counter() > deadline:
                 raise RuntimeError(f"server did not start (exit {self.proc.poll()}):\n{self.tail()}")
             for line in self.log.read_text(errors="replace").splitlines():
@@ -980,6 +981,7 @@ def main() -> None:
                     help="also run each concurrency load with inputs and outputs in system shared memory")
     ap.add_argument("--server-prefix", default="",
                     help="a command the server runs under, e.g. 'py-spy record --format raw -o F --'")
+    ap.add_argument("--workers", type=int, default=1, help="kiln serve --workers (server processes)")
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free one")
     ap.add_argument("--http-port", type=int, default=0, help="0: a free one")
     args = ap.parse_args()

@@ -3,6 +3,7 @@ with `--ray` the same HTTP routes deployed on Ray Serve (kiln.serve.ray_app) ove
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -95,6 +96,14 @@ def serve(
                              "level, logger, message, event fields).")] = "text",
     log_requests: Annotated[bool, typer.Option(
         "--log-requests", help="Also log every inference: model, version, status, milliseconds.")] = False,
+    workers: Annotated[int, typer.Option(
+        "--workers", min=1, help="Serve from this many processes, each loading every model (N engine copies on the "
+                                 "device, N batching queues): one Python process takes in about a thousand requests "
+                                 "a second. The kernel spreads HTTP and gRPC connections over them; worker i serves "
+                                 "/metrics on --metrics-port + i; statistics count the worker a connection reached; "
+                                 "model load / unload and --shared-memory need --workers 1.")] = 1,
+    worker_index: Annotated[Optional[int], typer.Option("--worker-index", hidden=True)] = None,
+    http_fd: Annotated[Optional[int], typer.Option("--http-fd", hidden=True)] = None,
     verbose: Verbose = False,
 ) -> None:
     """Serve every model of MODEL_REPOSITORY over the KServe v2 protocol (tritonclient works as is) until SIGINT or
@@ -127,13 +136,22 @@ def serve(
         return
     if http_port < 0 and grpc_port < 0:
         raise ConfigError("--http-port -1 and --grpc-port -1 leave nothing to serve")
+    if workers > 1:
+        if shared_memory:
+            raise ConfigError("--shared-memory needs --workers 1: each worker would keep its own regions, and a "
+                              "client's connections may reach different workers")
+        argv = ["--device", device, "--policy", policy, "--max-body-bytes", str(max_body_bytes), "--loop", loop,
+                "--log-format", log_format] + ["--log-requests"] * log_requests + ["--verbose"] * verbose
+        raise typer.Exit(_serve_workers(repository, host, http_port, grpc_port, metrics_port, workers, argv))
     try:
         import uvloop
     except ImportError:
         if loop == "uvloop":
             raise ConfigError("--loop uvloop needs uvloop: pip install uvloop (or --loop asyncio)") from None
         uvloop = None
-    main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory)
+    worker = None if worker_index is None else Worker(worker_index, http_fd)
+    main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory,
+                  worker)
     (uvloop.run if uvloop is not None and loop != "asyncio" else asyncio.run)(main)
 
 
@@ -166,12 +184,76 @@ async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
 
+@dataclass(frozen=True)
+class Worker:
+    """What one process of `kiln serve --workers N` is told: its index and the HTTP socket its parent listens on."""
+
+    index: int
+    http_fd: int | None
+
+
+def _free_port(host: str) -> int:
+    """A port free on `host` now (for the workers' shared gRPC port when --grpc-port is 0)."""
+    sock = _listen(host, 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, count: int,
+                   argv: list[str]) -> int:
+    """Start `count` worker processes of `kiln serve` sharing one listening HTTP socket and one gRPC port
+    (SO_REUSEPORT); pass SIGINT / SIGTERM on and wait. If a worker stops, the others are stopped; returns the
+    first non-zero exit code."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kiln.serve.logs import event
+
+    http = _listen(host, http_port) if http_port >= 0 else None
+    grpc = grpc_port if grpc_port != 0 else _free_port(host)
+    procs = []
+    for i in range(count):
+        fd = [] if http is None else ["--http-fd", str(http.fileno())]
+        metrics = metrics_port + i if metrics_port > 0 else metrics_port
+        cmd = [sys.executable, "-m", "kiln", "serve", str(root), "--host", host, "--http-port",
+               str(http.getsockname()[1] if http else -1), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+               "--worker-index", str(i), *fd, *argv]
+        procs.append(subprocess.Popen(cmd, pass_fds=[http.fileno()] if http else []))
+    event(f"{count} workers started (pids {', '.join(str(p.pid) for p in procs)})", event="workers", count=count)
+    stopping = []
+
+    def forward(sig, _frame):
+        stopping.append(sig)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    try:
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.2)
+        if not stopping:  # one worker stopped on its own: the server is not whole, stop the others
+            event("a worker stopped: stopping the others", event="worker_stopped")
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+        codes = [p.wait() for p in procs]
+    finally:
+        if http is not None:
+            http.close()
+    return next((c for c in codes if c), 0)
+
+
 async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, device: str, policy: str,
-                 max_body_bytes: int, shared_memory: bool = False) -> None:
+                 max_body_bytes: int, shared_memory: bool = False, worker: Worker | None = None) -> None:
     import asyncio
     import contextlib
     import logging
     import signal
+    import socket
 
     import uvicorn
     from fastapi import FastAPI
@@ -187,9 +269,13 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         def capture_signals(self):  # the loop below owns SIGINT / SIGTERM
             return contextlib.nullcontext()
 
+    who = "" if worker is None else f"worker {worker.index}: "
     metrics = Metrics()
     regions = SharedMemoryRegistry() if shared_memory else None  # one per process, for HTTP and gRPC alike
-    repo = ModelRepository(root, device=device, policy=policy, metrics=metrics)
+    repo = ModelRepository(root, device=device, policy=policy, metrics=metrics,
+                           control=None if worker is None else "this server runs several workers (--workers), each "
+                                                               "with its own models; serve with --workers 1 to load "
+                                                               "and unload")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -200,7 +286,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         for m in repo.index():
             state = m.get("state")
             reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
-            event(f"model {m.get('name')} version {m.get('version')}: {state}{reason}", event="model_state",
+            event(f"{who}model {m.get('name')} version {m.get('version')}: {state}{reason}", event="model_state",
                   model=m.get("name"), version=m.get("version"), state=state, reason=m.get("reason") or "")
         apps = []
         if http_port >= 0:
@@ -212,12 +298,13 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
                                       methods=["GET"])
             apps.append(("metrics", metrics_app, metrics_port))
         for what, app, port in apps:
-            sock = _listen(host, port)
+            shared = worker is not None and worker.http_fd is not None and what == "HTTP"
+            sock = socket.socket(fileno=worker.http_fd) if shared else _listen(host, port)
             sockets.append(sock)
             config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                                     timeout_graceful_shutdown=GRACE_S)
             servers.append(Server(config))
-            event(f"{what} on http://{_url(host, sock.getsockname()[1])}", event="listening", protocol=what,
+            event(f"{who}{what} on http://{_url(host, sock.getsockname()[1])}", event="listening", protocol=what,
                   host=host, port=sock.getsockname()[1])
         if grpc_port >= 0:
             try:
@@ -226,10 +313,10 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
                 event(f"gRPC off: {e}", logging.WARNING, event="grpc_off", reason=str(e))
             else:
                 grpc_server = create_grpc_server(repo, host, grpc_port, max_message_bytes=max_body_bytes,
-                                                 shared_memory=regions)
+                                                 shared_memory=regions, reuse_port=worker is not None)
                 await grpc_server.start()
-                event(f"gRPC on {_url(host, grpc_server.kiln_port)}", event="listening", protocol="gRPC", host=host,
-                      port=grpc_server.kiln_port)
+                event(f"{who}gRPC on {_url(host, grpc_server.kiln_port)}", event="listening", protocol="gRPC",
+                      host=host, port=grpc_server.kiln_port)
         if regions is not None:
             event("system shared memory: on", event="shared_memory")
         tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
@@ -255,7 +342,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
             regions.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    event("stopped", event="stopped")
+    event(f"{who}stopped", event="stopped")
 
 
 def _parse_autoscale(spec: str) -> tuple[int, int]:

@@ -267,6 +267,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise BadRequest(f"load parameters are not supported: {sorted(request.parameters)}")
         if not request.model_name:
             raise BadRequest("no model name given")
+        self.repo.check_control()
         # in a worker thread: loading may build an engine from ONNX (minutes), and the loop must keep serving
         await _maybe_await(await asyncio.to_thread(self.repo.load, request.model_name))
         return service_pb2.RepositoryModelLoadResponse()
@@ -275,6 +276,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context):
         if not request.model_name:
             raise BadRequest("no model name given")
+        self.repo.check_control()
         await _maybe_await(self.repo.unload(request.model_name))
         return service_pb2.RepositoryModelUnloadResponse()
 
@@ -311,14 +313,16 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 def create_grpc_server(repo, host: str = "127.0.0.1", port: int = 8001, *,
                        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                       shared_memory: SharedMemoryRegistry | None = None) -> grpc.aio.Server:
+                       shared_memory: SharedMemoryRegistry | None = None, reuse_port: bool = False
+                       ) -> grpc.aio.Server:
     """A grpc.aio server for `repo` bound to host:port (port 0: a free one), not yet started: `await
     server.start()`, and `await server.stop(grace)` before `repo.close()`. The bound port is `server.kiln_port`.
     Messages above `max_message_bytes` are refused (RESOURCE_EXHAUSTED) both ways; `shared_memory`: the system shared
-    memory regions (None: off). Call it with the event loop the repository serves on running."""
+    memory regions (None: off); `reuse_port`: share the port with the other workers of `kiln serve --workers`.
+    Call it with the event loop the repository serves on running."""
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes),
-               ("grpc.so_reuseport", 0)]  # a port already taken fails here instead of silently sharing
+               ("grpc.so_reuseport", int(reuse_port))]  # off: a port already taken fails instead of sharing
     server = grpc.aio.server(options=options)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KilnInferenceServicer(repo, shared_memory), server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

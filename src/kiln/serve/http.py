@@ -430,6 +430,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
             raise BadRequest("loading with a config or files override is not supported; edit the repository")
         if name not in repo.names():
             raise ModelNotFound(f"no model '{name}' in the repository")
+        repo.check_control()
         await _maybe_await(await asyncio.to_thread(repo.load, name))  # a build must not stall serving
         return Response(status_code=200)
 
@@ -437,6 +438,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
     async def unload(request: Request, name: str):
         _check_name(name)
         await _json_body(request)
+        repo.check_control()
         await _maybe_await(repo.unload(name))
         return Response(status_code=200)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.serve.config import DEFAULT_MAX_BATCH_SIZE, ModelConfig, VersionPolicy, version_folders
-from kiln.serve.errors import BadRequest, ModelLoadError, ModelNotFound, ModelNotReady
+from kiln.serve.errors import BadRequest, ModelLoadError, ModelNotFound, ModelNotReady, Unsupported
 from kiln.serve.metrics import Metrics
 from kiln.serve.model import ServedModel
 
@@ -30,16 +30,22 @@ class ModelRepository:
     the newest); a model (or version) that fails to load never takes the others down."""
 
     def __init__(self, root: str | Path, *, device: str = "auto", policy: str = "strict",
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, control: str | None = None):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise ModelNotFound(f"model repository {str(root)!r} is not a folder")
         self.device, self.policy = device, policy
+        self.control_off = control  # why the load / unload API is refused (None: it is served)
         self.metrics = metrics if metrics is not None else Metrics()
         self._entries: dict[str, dict[str, Entry]] = {}  # model → version → entry, versions ascending
         self._lock = threading.RLock()
         self._started = self._closing = False
         self._draining: set = set()
+
+    def check_control(self) -> None:
+        """Refuse the repository's load / unload API where this server cannot apply it (`control` at creation)."""
+        if self.control_off:
+            raise Unsupported(f"model load and unload are off: {self.control_off}")
 
     def start(self, load_all: bool = True) -> None:
         """Mark the repository started, loading every model when `load_all` (failures become UNAVAILABLE)."""
