@@ -15,6 +15,7 @@ import numpy as np
 
 from kiln.errors import KilnError
 from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS as DEFAULT_GRAPHS
+from kiln.runtime.io import as_torch, upload
 from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotReady, QueueFull, RequestTimeout, ServeError
 
 
@@ -167,6 +168,7 @@ class DynamicBatcher:
     length_multiple: int = 1
 
     def __post_init__(self):
+        self._on_cuda = getattr(getattr(self.engine, "device", None), "backend", None) == "cuda"
         self._contexts: queue.SimpleQueue = queue.SimpleQueue()
         longest = max((n for _, n in self.padding_limits), default=1)
         graphs = min(MAX_GRAPHS, max(DEFAULT_GRAPHS, len(self.batch_buckets) * -(-longest // self.length_multiple)))
@@ -380,7 +382,7 @@ class DynamicBatcher:
         ctx = self._contexts.get()
         try:
             start = time.perf_counter_ns()
-            outputs = ctx.run(feeds)
+            outputs = _run_on_device(ctx, feeds) if self._on_cuda else ctx.run(feeds)
             return outputs, time.perf_counter_ns() - start
         finally:
             self._contexts.put(ctx)
@@ -441,6 +443,15 @@ class DynamicBatcher:
     def _report(self, record: BatchRecord) -> None:
         if self.on_batch is not None:
             self.on_batch(record)
+
+
+def _run_on_device(ctx, feeds: dict) -> dict:
+    """numpy feeds uploaded here and outputs downloaded here, so that a batch shape met before takes the context's
+    replay fast path (no checks again); string and other non-numeric feeds go the checked way."""
+    if not all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in feeds.values()):
+        return ctx.run(feeds)
+    device = ctx.engine.device.torch_device
+    return ctx.download(ctx.run({k: upload(as_torch(k, v)[0], device) for k, v in feeds.items()}))
 
 
 def _writable(array: np.ndarray) -> np.ndarray:

@@ -1,0 +1,34 @@
+"""On a CUDA engine the batcher uploads numpy feeds itself, so a batch shape met before replays its graph at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from test_http import _affine_onnx
+
+import kiln
+from kiln.serve.batcher import DynamicBatcher
+
+
+@pytest.mark.gpu
+def test_gpu_batches_take_the_replay_fast_path_and_answer_exactly(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    engine = kiln.build(str(_affine_onnx(tmp_path / "affine.onnx")),
+                        kiln.BuildConfig(device="cuda", profiles=({"x": ((1, 4), (4, 4), (8, 4))},)))
+    batcher = DynamicBatcher(engine, max_batch_size=8, max_queue_delay_s=0.0, name="affine")
+    xs = [np.full((1, 4), i, np.float32) for i in range(6)]
+
+    async def main():
+        outs = [await batcher.submit({"x": x}, 1) for x in xs]
+        await batcher.close()
+        return outs
+
+    for x, out in zip(xs, asyncio.run(main())):
+        assert isinstance(out["y"], np.ndarray)
+        np.testing.assert_allclose(out["y"], x * 2 + 1, rtol=1e-3)
+    ctx = batcher._contexts.get()
+    assert ctx._seen  # the device feeds of a batch shape met before are known to the context
