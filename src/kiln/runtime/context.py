@@ -215,13 +215,14 @@ class ExecutionContext:
     def _replay(self, inputs: dict[str, Any], bound: dict[str, torch.Tensor]) -> dict[str, Any] | None:
         """Outputs from this signature's CUDA graph (captured on its first use), or None where it runs eagerly.
         A dynamic engine's first run at a new signature runs eagerly first, to memoize its shape values."""
-        program, pin = self.engine.shape_program, None
+        program, pin, warm = self.engine.shape_program, None, True
         if program and signature(inputs) is not None and self.graphs.capturable(inputs):
             pin = program.lookup(input_signature(inputs))
-            if pin is None:
+            if pin is None:  # this eager run is also the capture's warm-up where it ran on the capture's stream
                 self._run(inputs)
                 pin = program.lookup(input_signature(inputs))
-        return self.graphs.run(self._run, inputs, bound, pin)
+                warm = torch.cuda.current_stream(self.graphs.stream.device_index) != self.graphs.stream
+        return self.graphs.run(self._run, inputs, bound, pin, warm)
 
     def _keep(self, keep) -> set[str]:
         """`keep` as a set of names of tensors the engine reads or computes, or an InputError naming the others."""

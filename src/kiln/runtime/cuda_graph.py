@@ -37,25 +37,34 @@ class CapturedRun:
 
     _capturing = threading.Lock()
 
-    def __init__(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool, pin: Any = None):
+    def __init__(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool, pin: Any = None,
+                 warm: bool = True):
         self.pin = pin  # what the graph reads besides its inputs (a dynamic engine's shape values): kept alive
         caller = torch.cuda.current_stream()
         stream.wait_stream(caller)
         with self._capturing:
-            self._capture(run, inputs, stream, pool)
+            self._capture(run, inputs, stream, pool, warm)
         caller.wait_stream(stream)
 
-    def _capture(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool) -> None:
+    def _capture(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool,
+                 warm: bool) -> None:
         self.inputs = {k: v.clone() for k, v in inputs.items()}
         self.graph = torch.cuda.CUDAGraph()
-        # warm-up on the side stream: lazy handles and workspaces are made outside capture. A layer that syncs with
-        # the host fails the thread-local capture below (the caller then runs the signature eagerly on a new
-        # stream); the process-wide sync-debug mode is not used, as it would fail other threads' runs meanwhile
+        # warm-up on the side stream (unless the caller has just run these shapes on it): lazy handles and
+        # workspaces are made outside capture. A layer that syncs with the host fails the thread-local capture
+        # below (the caller then runs the signature eagerly on a new stream); the process-wide sync-debug mode is not
+        # used, as it would fail other threads' runs meanwhile
         with torch.cuda.stream(stream):
-            run(self.inputs)
-        stream.synchronize()
-        with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            self.outputs = run(self.inputs)
+            if warm:
+                run(self.inputs)
+            stream.synchronize()
+            # capture_begin / capture_end rather than torch.cuda.graph, which also runs gc.collect() and
+            # empty_cache() first: ~15 ms of a first call at a new shape
+            self.graph.capture_begin(pool, capture_error_mode="thread_local")
+            try:
+                self.outputs = run(self.inputs)
+            finally:
+                self.graph.capture_end()
 
     def replay(self, inputs: dict[str, torch.Tensor], bound: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the graph on the current stream; outputs copied out (into `bound` tensors where given)."""
@@ -84,15 +93,16 @@ class GraphCache:
         return sig is not None and sig not in self.eager
 
     def run(self, run: RunFn, inputs: dict[str, torch.Tensor], bound: dict[str, torch.Tensor] | None = None,
-            pin: Any = None) -> dict[str, torch.Tensor] | None:
-        """Outputs from the graph for these inputs; None if this signature must run eagerly."""
+            pin: Any = None, warm: bool = True) -> dict[str, torch.Tensor] | None:
+        """Outputs from the graph for these inputs; None if this signature must run eagerly. `warm`: run once before
+        a capture (False where the caller has just run these inputs' shapes on this cache's stream)."""
         sig = signature(inputs)
         if sig is None or sig in self.eager:
             return None
         captured = self.runs.get(sig)
         if captured is None:
             try:
-                captured = CapturedRun(run, inputs, self.stream, self.pool, pin)
+                captured = CapturedRun(run, inputs, self.stream, self.pool, pin, warm)
             except Exception as e:  # not capturable: remember why, run eagerly from now on
                 torch.cuda.synchronize()
                 self.eager[sig] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
