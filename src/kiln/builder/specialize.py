@@ -10,6 +10,8 @@ computed from the inputs' values) and everything after them keep the shapes infe
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from kiln.ir import Network
@@ -86,6 +88,29 @@ def probe_points(profiles) -> list[dict[str, tuple]]:
         points += [{n: r.min for n, r in p.items()}, {n: r.opt for n, r in p.items()},
                    {n: r.max for n, r in p.items()}, odd]
     return points
+
+
+SPECIALIZE_BY = 16  # Triton compiles an integer argument apart when it is 1 and when it is a multiple of 16
+MAX_CLASS_POINTS = 16
+
+
+def _class_values(lo: int, hi: int) -> list[int]:
+    """One value of [lo, hi] per class Triton compiles integers by: 1, a multiple of 16, any other."""
+    multiple = -(-max(lo, 1) // SPECIALIZE_BY) * SPECIALIZE_BY
+    other = next((v for v in range(max(lo, 2), min(hi, lo + SPECIALIZE_BY + 1) + 1) if v % SPECIALIZE_BY), None)
+    return [v for v in (1 if lo <= 1 else None, multiple if multiple <= hi else None, other) if v is not None]
+
+
+def class_points(profile) -> list[dict[str, tuple]]:
+    """Input shapes that meet every combination of the classes (`_class_values`) of a profile's varying dims, so a
+    warm-up there compiles each kernel for every class a later shape can fall in. Dims of one range (an input's
+    batch and another's, say) move together, as the inputs' shapes must agree; at most MAX_CLASS_POINTS points."""
+    axes = sorted({(lo, hi) for r in profile.values() for lo, hi in zip(r.min, r.max) if lo < hi})
+    points = []
+    for combo in itertools.islice(itertools.product(*(_class_values(lo, hi) for lo, hi in axes)), MAX_CLASS_POINTS):
+        value = dict(zip(axes, combo))
+        points.append({n: tuple(value.get((lo, hi), lo) for lo, hi in zip(r.min, r.max)) for n, r in profile.items()})
+    return points if axes else []
 
 
 def refine_shapes(net: Network, profiles, device: str) -> int:

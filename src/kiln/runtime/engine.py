@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from kiln.builder.build import Progress, build as build_pipeline
-from kiln.builder.specialize import probe_points
+from kiln.builder.specialize import class_points, probe_points
 from kiln.config import BuildConfig
 from kiln.engine import compat, plan, signing
 from kiln.engine.retune import retune
@@ -175,15 +175,17 @@ class Engine:
     @cudnn_search()
     def warm_up(self) -> None:
         """Run a GPU engine on zeros, with cuDNN's algorithm search on, at its shapes: a static engine's one, and each
-        profile's min, opt, max and one interior shape; so these shapes run cuDNN's timed picks and kernels are
-        compiled for every shape class they specialize on (Triton: sizes of 1, multiples of 16). A first call at a
-        new shape then compiles and searches nothing (cuDNN takes its heuristic pick there)."""
+        profile's min, opt, max, one interior shape and a shape per combination of its dims' size classes
+        (`class_points`); so these shapes run cuDNN's timed picks and kernels are compiled for every class they
+        specialize on (Triton: sizes of 1, multiples of 16, others). A first call at a new shape then compiles and
+        searches nothing (cuDNN takes its heuristic pick there)."""
         net = self.network
         if self.device.backend != "cuda" or any(net.tensors[n].kind != "tensor" for n in net.inputs) \
                 or (self.has_dynamic_inputs and not self.config.profiles):
             return
         start = time.perf_counter()
-        points = [(k, x) for k, p in enumerate(self.config.profiles) for x in probe_points((p,))] \
+        points = [(k, x) for k, p in enumerate(self.config.profiles) for x in _unique(probe_points((p,)) +
+                                                                                  class_points(p))] \
             if self.has_dynamic_inputs else [("auto", {})]
         for profile, point in points:
             ctx = ExecutionContext(self, cuda_graph=False, profile=profile)
@@ -295,6 +297,11 @@ def _read_tactics(raw, network: Network, path) -> dict[str, Choice]:
         raise PlanError(f"{path}: manifest has tactics for layers it does not have "
                         f"({printable(sorted(unknown)[:3])}); rebuild the plan")
     return tactics
+
+
+def _unique(points: list[dict]) -> list[dict]:
+    """`points` without repeats, in order."""
+    return [p for i, p in enumerate(points) if p not in points[:i]]
 
 
 def feeds_str(shapes: dict) -> str:
