@@ -123,16 +123,22 @@ def _affine_onnx(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def affine_repository(root: Path) -> Path:
+    """A model repository at `root` (made here) holding MODEL/1/model.plan: `_affine_onnx` built on the CPU for
+    batch 1..64."""
     import kiln
 
-    root = tmp_path_factory.mktemp("repo")
     folder = root / MODEL / "1"
     folder.mkdir(parents=True)
-    onnx_path = _affine_onnx(root / "affine.onnx")
-    engine = kiln.build(str(onnx_path), kiln.BuildConfig(device="cpu", profiles=({"x": ((1, 4), (4, 4), (64, 4))},)))
+    engine = kiln.build(str(_affine_onnx(root.parent / f"{root.name}-affine.onnx")),
+                        kiln.BuildConfig(device="cpu", profiles=({"x": ((1, 4), (4, 4), (64, 4))},)))
     engine.save(str(folder / "model.plan"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = affine_repository(tmp_path_factory.mktemp("repo") / "models")
     (root / MODEL / "config.toml").write_text("[dynamic_batching]\nmax_queue_delay_microseconds = 2000\n")
     with serving(root, "--max-body-bytes", str(LIMIT), grpc=False, timeout_s=60) as (url, _, proc, log):
         yield url, proc, log

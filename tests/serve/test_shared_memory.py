@@ -10,7 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
-from test_http import _affine_onnx, serving
+from test_http import affine_repository, serving
 
 from kiln.serve.errors import AlreadyExists, BadRequest, RegionNotFound
 from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, tensor_ref
@@ -145,14 +145,7 @@ def test_grpc_raw_contents_skip_inputs_in_shared_memory(objects):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import kiln
-
-    root = tmp_path_factory.mktemp("shm") / "models"
-    folder = root / MODEL / "1"
-    folder.mkdir(parents=True)
-    engine = kiln.build(str(_affine_onnx(root.parent / "affine.onnx")),
-                        kiln.BuildConfig(device="cpu", profiles=({"x": ((1, 4), (4, 4), (64, 4))},)))
-    engine.save(str(folder / "model.plan"))
+    root = affine_repository(tmp_path_factory.mktemp("shm") / "models")
     with serving(root, "--shared-memory", timeout_s=60) as (url, grpc_url, proc, log):
         yield url, grpc_url, log
 

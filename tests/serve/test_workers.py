@@ -12,9 +12,8 @@ import urllib.request
 
 import numpy as np
 import pytest
-from test_http import MODEL, _affine_onnx, serving
+from test_http import MODEL, affine_repository, serving
 
-import kiln
 
 
 def _two_free_ports() -> int:
@@ -48,13 +47,7 @@ def _requests_counted(port: int) -> float:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("workers") / "models"
-    folder = root / MODEL / "1"
-    folder.mkdir(parents=True)
-    engine = kiln.build(str(_affine_onnx(root.parent / "affine.onnx")),
-                        kiln.BuildConfig(device="cpu", profiles=({"x": ((1, 4), (4, 4), (64, 4))},)))
-    engine.save(str(folder / "model.plan"))
-    return root
+    return affine_repository(tmp_path_factory.mktemp("workers") / "models")
 
 
 def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo):
