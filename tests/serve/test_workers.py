@@ -16,21 +16,6 @@ from test_http import MODEL, affine_repository, serving
 
 
 
-def _two_free_ports() -> int:
-    """A port p with p and p + 1 free (the two workers' /metrics)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-                return p
-    raise AssertionError("no two adjacent free ports")
-
-
 def _wait_workers(log, what: str, n: int = 2) -> None:
     """Until `n` workers have logged `what` (the server answers as soon as the first one is up)."""
     deadline = time.monotonic() + 60
@@ -55,7 +40,9 @@ def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo):
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    metrics = _two_free_ports()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics = probe.getsockname()[1]
     with serving(repo, "--workers", "2", "--metrics-port", str(metrics)) as (url, grpc_url, proc, log):
         _wait_workers(log, "gRPC on")
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
@@ -66,8 +53,14 @@ def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo):
                 inp.set_data_from_numpy(x)
                 np.testing.assert_array_equal(client.infer(MODEL, [inp]).as_numpy("y"), x * 2 + 1)
                 client.close()
-        counts = [_requests_counted(metrics), _requests_counted(metrics + 1)]
-        assert sum(counts) == 32 and min(counts) > 0, counts  # both workers answered (gRPC: SO_REUSEPORT hashing)
+        assert [_requests_counted(metrics) for _ in range(4)] == [32] * 4  # whichever worker answers: the sum
+        seen = set()  # each worker's own statistics, over new gRPC connections (SO_REUSEPORT spreads them)
+        for _ in range(24):
+            client = grpcclient.InferenceServerClient(grpc_url)
+            stats = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
+            seen.add(int(stats["inference_stats"]["success"].get("count", 0)))
+            client.close()
+        assert len(seen) == 2 and sum(seen) == 32 and 0 not in seen, seen  # both workers answered, only they
         with pytest.raises(InferenceServerException, match="--workers 1"):
             httpclient.InferenceServerClient(url).unload_model(MODEL)
         with pytest.raises(InferenceServerException, match="--workers 1"):

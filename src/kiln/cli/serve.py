@@ -99,11 +99,12 @@ def serve(
     workers: Annotated[int, typer.Option(
         "--workers", min=1, help="Serve from this many processes, each loading every model (N engine copies on the "
                                  "device, N batching queues): one Python process takes in about a thousand requests "
-                                 "a second. The kernel spreads HTTP and gRPC connections over them; worker i serves "
-                                 "/metrics on --metrics-port + i; statistics count the worker a connection reached; "
+                                 "a second. The kernel spreads HTTP and gRPC connections over them; /metrics sums "
+                                 "every worker's; statistics count the worker a connection reached; "
                                  "model load / unload and --shared-memory need --workers 1.")] = 1,
     worker_index: Annotated[Optional[int], typer.Option("--worker-index", hidden=True)] = None,
     http_fd: Annotated[Optional[int], typer.Option("--http-fd", hidden=True)] = None,
+    metrics_fd: Annotated[Optional[int], typer.Option("--metrics-fd", hidden=True)] = None,
     verbose: Verbose = False,
 ) -> None:
     """Serve every model of MODEL_REPOSITORY over the KServe v2 protocol (tritonclient works as is) until SIGINT or
@@ -149,7 +150,7 @@ def serve(
         if loop == "uvloop":
             raise ConfigError("--loop uvloop needs uvloop: pip install uvloop (or --loop asyncio)") from None
         uvloop = None
-    worker = None if worker_index is None else Worker(worker_index, http_fd)
+    worker = None if worker_index is None else Worker(worker_index, {"HTTP": http_fd, "metrics": metrics_fd})
     main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory,
                   worker)
     (uvloop.run if uvloop is not None and loop != "asyncio" else asyncio.run)(main)
@@ -186,10 +187,11 @@ async def _maybe_await(value):
 
 @dataclass(frozen=True)
 class Worker:
-    """What one process of `kiln serve --workers N` is told: its index and the HTTP socket its parent listens on."""
+    """What one process of `kiln serve --workers N` is told: its index and the listening sockets (HTTP, metrics)
+    its parent shares with it."""
 
     index: int
-    http_fd: int | None
+    fds: dict[str, int | None]
 
 
 def _free_port(host: str) -> int:
@@ -205,23 +207,29 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
     """Start `count` worker processes of `kiln serve` sharing one listening HTTP socket and one gRPC port
     (SO_REUSEPORT); pass SIGINT / SIGTERM on and wait. If a worker stops, the others are stopped; returns the
     first non-zero exit code."""
+    import os
+    import shutil
     import signal
     import subprocess
     import sys
+    import tempfile
     import time
 
     from kiln.serve.logs import event
+    from kiln.serve.metrics import MULTIPROCESS_ENV
 
-    http = _listen(host, http_port) if http_port >= 0 else None
+    shared = {flag: _listen(host, port) for flag, port in (("http", http_port), ("metrics", metrics_port)) if port >= 0}
+    ports = {flag: str(sock.getsockname()[1]) for flag, sock in shared.items()}
     grpc = grpc_port if grpc_port != 0 else _free_port(host)
+    counts = tempfile.mkdtemp(prefix="kiln-serve-metrics-")  # the workers' metric files, summed by each /metrics
+    env = os.environ | {MULTIPROCESS_ENV: counts}
     procs = []
     for i in range(count):
-        fd = [] if http is None else ["--http-fd", str(http.fileno())]
-        metrics = metrics_port + i if metrics_port > 0 else metrics_port
-        cmd = [sys.executable, "-m", "kiln", "serve", str(root), "--host", host, "--http-port",
-               str(http.getsockname()[1] if http else -1), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-               "--worker-index", str(i), *fd, *argv]
-        procs.append(subprocess.Popen(cmd, pass_fds=[http.fileno()] if http else []))
+        fds = [a for flag, sock in shared.items() for a in (f"--{flag}-fd", str(sock.fileno()))]
+        cmd = [sys.executable, "-m", "kiln", "serve", str(root), "--host", host, "--http-port", ports.get("http", "-1"),
+               "--grpc-port", str(grpc), "--metrics-port", ports.get("metrics", "-1"), "--worker-index", str(i), *fds,
+               *argv]
+        procs.append(subprocess.Popen(cmd, pass_fds=[sock.fileno() for sock in shared.values()], env=env))
     event(f"{count} workers started (pids {', '.join(str(p.pid) for p in procs)})", event="workers", count=count)
     stopping = []
 
@@ -242,8 +250,9 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
                     p.terminate()
         codes = [p.wait() for p in procs]
     finally:
-        if http is not None:
-            http.close()
+        for sock in shared.values():
+            sock.close()
+        shutil.rmtree(counts, ignore_errors=True)
     return next((c for c in codes if c), 0)
 
 
@@ -298,8 +307,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
                                       methods=["GET"])
             apps.append(("metrics", metrics_app, metrics_port))
         for what, app, port in apps:
-            shared = worker is not None and worker.http_fd is not None and what == "HTTP"
-            sock = socket.socket(fileno=worker.http_fd) if shared else _listen(host, port)
+            fd = worker.fds.get(what) if worker is not None else None
+            sock = socket.socket(fileno=fd) if fd is not None else _listen(host, port)
             sockets.append(sock)
             config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                                     timeout_graceful_shutdown=GRACE_S)

@@ -1,10 +1,18 @@
-"""Prometheus metrics of one server, in its own registry (never prometheus_client's global one)."""
+"""Prometheus metrics of one server, in its own registry (never prometheus_client's global one).
+
+Under `kiln serve --workers N` each worker process counts into files of a shared folder (prometheus_client's
+multiprocess mode: PROMETHEUS_MULTIPROC_DIR, set by the parent before the workers start) and `render` sums them, so
+every worker's /metrics is the whole server's."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TIME_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -64,5 +72,10 @@ class Metrics:
         self._child(self.compute_output_seconds, model).observe(output_s)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of this registry."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of this registry, or of every worker's where they share a folder."""
+        shared = os.environ.get(MULTIPROCESS_ENV)
+        if not shared:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=shared)
+        return generate_latest(registry)
