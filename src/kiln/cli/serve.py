@@ -206,7 +206,7 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
                    argv: list[str]) -> int:
     """Start `count` worker processes of `kiln serve` sharing one listening HTTP socket and one gRPC port
     (SO_REUSEPORT); pass SIGINT / SIGTERM on and wait. If a worker stops, the others are stopped; returns the
-    first non-zero exit code."""
+    first non-zero exit code (128 + N for a worker killed by signal N, as a shell says)."""
     import os
     import shutil
     import signal
@@ -253,7 +253,7 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
         for sock in shared.values():
             sock.close()
         shutil.rmtree(counts, ignore_errors=True)
-    return next((c for c in codes if c), 0)
+    return next((c if c > 0 else 128 - c for c in codes if c), 0)  # a worker killed by signal N: 128 + N
 
 
 async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, device: str, policy: str,
