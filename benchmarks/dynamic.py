@@ -99,15 +99,19 @@ def ratios(row: dict) -> dict:
 
 
 def first_then_median(fn: Callable[[], object], repeats: int, keep: dict | None = None) -> dict:
-    """fn()'s first call (ms, synchronized), then the median of `repeats` calls after WARMUP; `keep` gets a copy of
-    the first call's outputs (a dict of tensors)."""
+    """fn()'s first and second calls (ms, synchronized), then the median of `repeats` calls after WARMUP; `keep` gets
+    a copy of the first call's outputs (a dict of tensors)."""
     start = time.perf_counter()
     out = fn()
     sync()
     first = (time.perf_counter() - start) * 1e3
     if keep is not None:
         keep.update({k: v.clone() for k, v in out.items() if isinstance(v, torch.Tensor)})
-    return {"first_call_ms": first, "median_ms": wall_ms(fn, iters=repeats, warmup=WARMUP)}
+    start = time.perf_counter()
+    fn()
+    sync()
+    second = (time.perf_counter() - start) * 1e3  # a kiln dynamic engine captures a new shape's graph here
+    return {"first_call_ms": first, "second_call_ms": second, "median_ms": wall_ms(fn, iters=repeats, warmup=WARMUP)}
 
 
 def _config(args, profiles) -> kiln.BuildConfig:
@@ -248,19 +252,23 @@ def render(results: dict) -> str:
         ranges = "; ".join(f"{', '.join(names)} {r}" for r, names in by_range.items())
         built = f", dynamic engine built in {m['dynamic_build_seconds']:.1f} s" if "dynamic_build_seconds" in m else ""
         lines.append(f"- {name} ({m.get('source')}): profile min/opt/max {ranges}{built}")
-    lines += ["", "ms: median after warm-up (first call at the shape, ms; for static: build seconds). "
+    lines += ["", "ms: median after warm-up (first call at the shape, ms, and for kiln dynamic the second, where it "
+              "captures the shape's CUDA graph; for static: build seconds). "
               "Ratios: dynamic ÷ static, best torch ÷ kiln dynamic (higher is better for kiln).", "",
               "| model | shape | kiln dynamic | kiln static | dyn ÷ static | eager | compile dynamic=True "
               "| reduce-overhead | best torch ÷ dyn | max abs diff |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     first = "first {first_call_ms:.0f}"
+    first_second = "first {first_call_ms:.0f}, second {second_call_ms:.0f}"
     for r in rows:
         if "error" in r:
             notes.append(r["error"])
             lines.append(f"| {r['model']} | {r['shape']} | error [{len(notes)}] |" + " |" * 7)
             continue
         peers = r.get("peers", {})
-        cells = [_ms(r["kiln_dynamic"], notes, first), _ms(r["kiln_static"], notes, "{build_seconds:.0f} s"),
+        dyn = r["kiln_dynamic"]
+        cells = [_ms(dyn, notes, first_second if "second_call_ms" in dyn else first),
+                 _ms(r["kiln_static"], notes, "{build_seconds:.0f} s"),
                  _fmt(r.get("dynamic_over_static"), "×"), _ms(peers.get("eager"), notes),
                  _ms(peers.get("compile_dynamic"), notes, first), _ms(peers.get("reduce_overhead"), notes, first),
                  _fmt(r.get("speedup_vs_best_peer"), f"× ({r['best_peer']})" if "best_peer" in r else "×"),
@@ -292,6 +300,11 @@ def goals(rows: list[dict]) -> list[str]:
         ms = w["kiln_dynamic"]["first_call_ms"]
         out.append(f"- kiln dynamic first call at a shape ≤ 50 ms: {'met' if ms <= 50 else 'NOT met'}, worst "
                    f"{ms:.1f} ms ({w['model']} {w['shape']})")
+        seconds = [r for r in firsts if "second_call_ms" in r["kiln_dynamic"]]
+        if seconds:
+            w = max(seconds, key=lambda r: r["kiln_dynamic"]["second_call_ms"])
+            out.append(f"- kiln dynamic second call (the CUDA graph capture), worst "
+                       f"{w['kiln_dynamic']['second_call_ms']:.1f} ms ({w['model']} {w['shape']})")
     return out
 
 

@@ -44,7 +44,7 @@ def _engine(dynamic):
 def test_first_call_is_apart_from_the_timed_queries(dynamic):
     x = np.ones((3, 4), np.float32)
     r = run_bench(_engine(dynamic), {"x": x}, BenchOptions(iterations=5, warmup=2), batch=3)
-    assert r.count == 5 and r.first_call_ms >= SLOW_MS
+    assert r.count == 5 and r.first_call_ms >= SLOW_MS and 0 < r.second_call_ms < SLOW_MS
     assert max(t.host_ms for t in r.iterations) < SLOW_MS  # the one-time work is not in the steady state
     j = r.to_json()
     assert j["first_call_ms"] == r.first_call_ms and j["latency_ms"]["median"] < SLOW_MS
@@ -55,6 +55,7 @@ def test_first_call_is_apart_from_the_timed_queries(dynamic):
 def test_without_warmup_the_first_timed_query_is_the_first_call(dynamic):
     r = run_bench(_engine(dynamic), {"x": np.ones((2, 4), np.float32)}, BenchOptions(iterations=4, warmup=0))
     assert r.first_call_ms == r.iterations[0].host_ms >= SLOW_MS
+    assert r.second_call_ms == r.iterations[1].host_ms < SLOW_MS
     assert "also among the timed queries (--warmup 0)" in r.first_call_text()
 
 
@@ -67,9 +68,14 @@ def test_each_stream_has_its_first_call(dynamic):
 
 def test_first_call_text_names_the_one_time_work():
     its = [IterationTimes(0, float(i), 1.0, 0.9) for i in range(4)]
-    gpu = BenchResult(its, 0.01, 1, "cuda:0", 10, cuda_graph=True, first_calls_ms=[25.0], shape_program=True)
+    gpu = BenchResult(its, 0.01, 1, "cuda:0", 10, cuda_graph=True, first_calls_ms=[25.0], shape_program=True,
+                      second_call_ms=12.5)
     assert gpu.first_call_text() == ("25.000 ms (first query at these shapes, 25.0x the median; with any one-time "
-                                     "work at them: shape-program recording and CUDA graph capture)")
+                                     "work at them: shape-program recording and CUDA graph capture (a dynamic engine "
+                                     "captures a shape at its second call)); second call 12.500 ms")
+    assert gpu.to_json()["second_call_ms"] == 12.5
+    static = BenchResult(its, 0.01, 1, "cuda:0", 10, cuda_graph=True, first_calls_ms=[25.0], second_call_ms=1.0)
+    assert static.first_call_text().endswith("work at them: CUDA graph capture)")  # captured at once: no 2nd call
     assert BenchResult(its, 0.01, 1, "cpu", 1).first_call_text() is None
     assert BenchResult(its, 0.01, 1, "cpu", 1).to_json()["first_call_ms"] is None
 

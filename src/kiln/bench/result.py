@@ -33,6 +33,7 @@ class BenchResult:
     launch_gaps_hidden: bool = False
     nvtx: bool = False
     first_calls_ms: list[float] = field(default_factory=list)  # per context (stream), its first call's host wall
+    second_call_ms: float | None = None  # the first context's second call: a dynamic engine captures a new shape there
     shape_program: bool = False  # a dynamic engine with shape layers: its first call at a shape records their values
 
     @property
@@ -50,8 +51,10 @@ class BenchResult:
         series = self.series("host")
         median = float(np.median(series)) if series else None
         ratio = f", {self.first_call_ms / median:,.1f}x the median" if median else ""
+        later = " (a dynamic engine captures a shape at its second call)" if len(work) == 2 else ""
+        second = f"; second call {self.second_call_ms:.3f} ms" if self.second_call_ms is not None and later else ""
         return (f"{self.first_call_ms:.3f} ms (first query at these shapes{ratio}"
-                + (f"; with any one-time work at them: {' and '.join(work)}" if work else "") + ")"
+                + (f"; with any one-time work at them: {' and '.join(work)}{later}" if work else "") + ")" + second
                 + ("; also among the timed queries (--warmup 0)" if self.warmup == 0 else ""))
 
     @property
@@ -133,6 +136,7 @@ class BenchResult:
                 "spin_wait": self.spin_wait,
                 "launch_gaps_hidden": self.launch_gaps_hidden, "percentiles": list(self.percentiles),
                 "latency_ms": phases["host"], "phases_ms": phases, "first_call_ms": self.first_call_ms,
+                "second_call_ms": self.second_call_ms,
                 "first_call_per_stream_ms": list(self.first_calls_ms) if self.streams > 1 else [],
                 "total_host_wall_s": self.wall_s, "total_gpu_s": self.total_gpu_s(),
                 "throughput": {"queries_per_s": self.queries_per_s, "items_per_s": self.items_per_s},

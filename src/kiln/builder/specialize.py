@@ -11,6 +11,7 @@ computed from the inputs' values) and everything after them keep the shapes infe
 from __future__ import annotations
 
 import itertools
+from math import prod
 
 import torch
 
@@ -91,26 +92,55 @@ def probe_points(profiles) -> list[dict[str, tuple]]:
 
 
 SPECIALIZE_BY = 16  # Triton compiles an integer argument apart when it is 1 and when it is a multiple of 16
-MAX_CLASS_POINTS = 16
+MAX_CLASS_POINTS = 64
 
 
 def _class_values(lo: int, hi: int) -> list[int]:
-    """One value of [lo, hi] per class Triton compiles integers by: 1, a multiple of 16, any other."""
-    multiple = -(-max(lo, 1) // SPECIALIZE_BY) * SPECIALIZE_BY
-    other = next((v for v in range(max(lo, 2), min(hi, lo + SPECIALIZE_BY + 1) + 1) if v % SPECIALIZE_BY), None)
-    return [v for v in (1 if lo <= 1 else None, multiple if multiple <= hi else None, other) if v is not None]
+    """One value of [lo, hi] per class Triton compiles integers by, for a dim and for the products of dims kernels
+    take (strides, element counts; 16x100's mask stride 100·100 is a multiple of 16, 16x17's is not): 1, and one
+    value per count of factors of two, 0 to 3 and 4 or more (a multiple of 16)."""
+    start, out = max(lo, 2), [1] if lo <= 1 <= hi else []
+    for twos in range(5):
+        step = 2 ** (twos + 1) if twos < 4 else SPECIALIZE_BY
+        base = 2 ** twos if twos < 4 else 0
+        v = start + (base - start) % step  # the least v >= start with v % step == base
+        out += [v] if v <= hi else []
+    return out
+
+
+def _axes(profile) -> list[tuple[int, int]]:
+    """A profile's varying ranges (lo, hi), each once: dims of one range (an input's batch and another's, say) move
+    together, as the inputs' shapes must agree."""
+    return sorted({(lo, hi) for r in profile.values() for lo, hi in zip(r.min, r.max) if lo < hi})
+
+
+def _points(profile, axes, combos) -> list[dict[str, tuple]]:
+    """The profile's input shapes with each range of `axes` at its value in each combo (other dims at their min)."""
+    out = []
+    for combo in combos:
+        value = dict(zip(axes, combo))
+        out.append({n: tuple(value.get((lo, hi), lo) for lo, hi in zip(r.min, r.max)) for n, r in profile.items()})
+    return out
 
 
 def class_points(profile) -> list[dict[str, tuple]]:
     """Input shapes that meet every combination of the classes (`_class_values`) of a profile's varying dims, so a
-    warm-up there compiles each kernel for every class a later shape can fall in. Dims of one range (an input's
-    batch and another's, say) move together, as the inputs' shapes must agree; at most MAX_CLASS_POINTS points."""
-    axes = sorted({(lo, hi) for r in profile.values() for lo, hi in zip(r.min, r.max) if lo < hi})
-    points = []
-    for combo in itertools.islice(itertools.product(*(_class_values(lo, hi) for lo, hi in axes)), MAX_CLASS_POINTS):
-        value = dict(zip(axes, combo))
-        points.append({n: tuple(value.get((lo, hi), lo) for lo, hi in zip(r.min, r.max)) for n, r in profile.items()})
-    return points if axes else []
+    warm-up there compiles each kernel for every class a later shape can fall in; at most MAX_CLASS_POINTS."""
+    axes = _axes(profile)
+    combos = itertools.islice(itertools.product(*(_class_values(lo, hi) for lo, hi in axes)), MAX_CLASS_POINTS)
+    return _points(profile, axes, combos) if axes else []
+
+
+MAX_EVERY_POINTS = 128
+
+
+def every_point(profile, limit: int = MAX_EVERY_POINTS) -> list[dict[str, tuple]]:
+    """Every input shape of a profile, or [] when it has none varying or more than `limit`: the shapes a warm-up
+    runs where a library plans per shape (cuDNN convs), so no later call waits for a plan."""
+    axes = _axes(profile)
+    if not axes or prod(hi - lo + 1 for lo, hi in axes) > limit:
+        return []
+    return _points(profile, axes, itertools.product(*(range(lo, hi + 1) for lo, hi in axes)))
 
 
 def refine_shapes(net: Network, profiles, device: str) -> int:

@@ -90,6 +90,7 @@ class ExecutionContext:
         self.arena = Arena(engine)
         self.index_bounds = index_bounds(engine.network)
         self._seen: dict[tuple, tuple] = {}  # feed_key of feeds checked and captured → their graph's signature
+        self._recorded = None  # the signature whose shape values the last run recorded on the capture stream
 
     def run(self, feeds: Mapping[str, Any], *, keep: set[str] | None = None, stream: torch.cuda.Stream | None = None,
             outputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
@@ -213,15 +214,20 @@ class ExecutionContext:
         return result
 
     def _replay(self, inputs: dict[str, Any], bound: dict[str, torch.Tensor]) -> dict[str, Any] | None:
-        """Outputs from this signature's CUDA graph (captured on its first use), or None where it runs eagerly.
-        A dynamic engine's first run at a new signature runs eagerly first, to memoize its shape values."""
+        """Outputs from this signature's CUDA graph, or None where it runs eagerly. A dynamic engine's first run at a
+        new signature runs eagerly, memoizing its shape values, and its outputs are that call's: the graph is
+        captured at the signature's next run, so a shape met once never pays for a capture (torch's CUDA graph
+        trees also run a shape before recording it)."""
         program, pin, warm = self.engine.shape_program, None, True
         if program and signature(inputs) is not None and self.graphs.capturable(inputs):
             pin = program.lookup(input_signature(inputs))
-            if pin is None:  # this eager run is also the capture's warm-up where it ran on the capture's stream
-                self._run(inputs)
-                pin = program.lookup(input_signature(inputs))
-                warm = torch.cuda.current_stream(self.graphs.stream.device_index) != self.graphs.stream
+            if pin is None:
+                result = bind_outputs(self._run(inputs), bound)
+                on_capture_stream = torch.cuda.current_stream(self.graphs.stream.device_index) == self.graphs.stream
+                self._recorded = signature(inputs) if on_capture_stream else None
+                return result
+            warm = signature(inputs) != self._recorded  # the record run just before was the capture's warm-up
+            self._recorded = None
         return self.graphs.run(self._run, inputs, bound, pin, warm)
 
     def _keep(self, keep) -> set[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from kiln.builder.build import Progress, build as build_pipeline
-from kiln.builder.specialize import class_points, probe_points
+from kiln.builder.specialize import class_points, every_point, probe_points
 from kiln.config import BuildConfig
 from kiln.engine import compat, plan, signing
 from kiln.engine.retune import retune
@@ -172,32 +172,52 @@ class Engine:
         engine.warm_up()
         return engine
 
-    @cudnn_search()
     def warm_up(self) -> None:
-        """Run a GPU engine on zeros, with cuDNN's algorithm search on, at its shapes: a static engine's one, and each
-        profile's min, opt, max, one interior shape and a shape per combination of its dims' size classes
-        (`class_points`); so these shapes run cuDNN's timed picks and kernels are compiled for every class they
-        specialize on (Triton: sizes of 1, multiples of 16, others). A first call at a new shape then compiles and
-        searches nothing (cuDNN takes its heuristic pick there)."""
+        """Run a GPU engine on zeros at its shapes, so a first call at a new shape compiles and searches nothing: a
+        static engine's one, and each profile's min, opt, max, one interior shape and a shape per combination of
+        its dims' size classes (`class_points`), with cuDNN's algorithm search on (those shapes run its timed
+        picks; Triton kernels are compiled for every class they specialize on: 1, multiples of 16, others). A
+        profile whose layers plan per shape (cuDNN convs: ms each) also runs every other shape it holds, up to
+        MAX_EVERY_POINTS, with cuDNN's heuristic pick, as a first call there would (`every_point`)."""
         net = self.network
         if self.device.backend != "cuda" or any(net.tensors[n].kind != "tensor" for n in net.inputs) \
                 or (self.has_dynamic_inputs and not self.config.profiles):
             return
         start = time.perf_counter()
-        points = [(k, x) for k, p in enumerate(self.config.profiles) for x in _unique(probe_points((p,)) +
-                                                                                  class_points(p))] \
-            if self.has_dynamic_inputs else [("auto", {})]
+        if not self.has_dynamic_inputs:
+            searched, planned = [("auto", {})], []
+        else:
+            searched = [(k, x) for k, p in enumerate(self.config.profiles)
+                        for x in _unique(probe_points((p,)) + class_points(p))]
+            planned = [(k, x) for k, p in enumerate(self.config.profiles) if self._plans_per_shape(k)
+                       for x in every_point(p) if (k, x) not in searched]
+        with cudnn_search():
+            if not self._warm(searched):
+                return
+        if not self._warm(planned):
+            return
+        torch.cuda.synchronize()
+        self.build_info["warm_up_seconds"] = round(time.perf_counter() - start, 3)
+        self.build_info["warm_up_shapes"] = len(searched) + len(planned)
+
+    def _warm(self, points: list[tuple]) -> bool:
+        """Run an eager context at each (profile, input shapes) on zeros; False (with a load note) when zeros are not
+        valid data for the model: its first real call compiles instead."""
+        net = self.network
         for profile, point in points:
             ctx = ExecutionContext(self, cuda_graph=False, profile=profile)
             feeds = {n: torch.zeros(point.get(n, net.tensors[n].shape), dtype=net.tensors[n].dtype.torch,
                                     device=self.device.torch_device) for n in net.inputs}
             try:
                 ctx.run(feeds)
-            except KilnError as e:  # zeros are not valid data for every model: its first real call compiles instead
+            except KilnError as e:
                 self.build_info.setdefault("load_notes", []).append(f"warm-up at {feeds_str(point)} failed: {e}")
-                return
-        torch.cuda.synchronize()
-        self.build_info["warm_up_seconds"] = round(time.perf_counter() - start, 3)
+                return False
+        return True
+
+    def _plans_per_shape(self, profile: int) -> bool:
+        """Whether a layer of `profile` runs a tactic whose library plans at each new shape (Tactic.plans_per_shape)."""
+        return any(registry.get(c.tactic).plans_per_shape for c in self.profile_tactics[profile].values())
 
     # -- plan files -----------------------------------------------------------------------
     def serialize(self, plan_name: str = "MODEL.plan", sign_key=None) -> bytes:

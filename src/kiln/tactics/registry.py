@@ -27,7 +27,9 @@ class Tactic:
     `arch_specific`: uses instructions of one GPU architecture (fp8, TMA, wgmma-only); `card_specific`: its
     configurations are sized by this card (SM count, L2). `--hardware-compat` builds leave such tactics out.
     `writes_out`: its kernels take `out`, one byte buffer (or None) per output, and write the outputs there (the
-    activation arena); `fresh`: its outputs never alias its inputs (true of every tactic that writes_out).
+    activation arena); `fresh`: its outputs never alias its inputs (true of every tactic that writes_out);
+    `plans_per_shape`: its library makes a plan at each new input shape on the host (cuDNN: milliseconds a layer), so
+    a dynamic engine's warm-up runs every shape of a small profile (`Engine.warm_up`).
     """
 
     name: str
@@ -42,6 +44,7 @@ class Tactic:
     card_specific: bool = False
     writes_out: bool = False
     fresh: bool = False
+    plans_per_shape: bool = False
 
 
 TACTICS: dict[str, Tactic] = {}

@@ -51,4 +51,5 @@ def compile_cudnn(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("cudnn_conv", ("Conv",), compile_cudnn, cudnn_reason, cudnn_configs, priority=10, fresh=True))
+register(Tactic("cudnn_conv", ("Conv",), compile_cudnn, cudnn_reason, cudnn_configs, priority=10, fresh=True,
+                plans_per_shape=True))

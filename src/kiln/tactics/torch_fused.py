@@ -172,7 +172,7 @@ def _compile_add_ln(spec: LayerSpec, config, device):
 
 
 register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_conv, _conv_configs, priority=10,
-                fresh=True))
+                fresh=True, plans_per_shape=True))
 register(Tactic("cublaslt_fused_gemm", ("FusedGemm",), _compile_gemm, _supports_gemm, priority=10,
                 writes_out=True))
 register(Tactic("sdpa_fused_attention", ("FusedAttention",), _compile_attention, _supports_attention,
