@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 import warnings
 from pathlib import Path
 
@@ -35,9 +33,6 @@ from kiln.target import hardware_compat
 from kiln.target.device import Device
 from kiln.util import files
 from kiln.util.safe_json import printable
-
-
-WARM_UP_THREADS = 4  # threads that warm a profile's every shape (each holds a context: an activation arena)
 
 
 class Engine:
@@ -199,43 +194,26 @@ class Engine:
         with cudnn_search():
             if not self._warm(searched):
                 return
-        if not self._warm(planned, threads=min(WARM_UP_THREADS, os.cpu_count() or 1)):
+        if not self._warm(planned):
             return
         torch.cuda.synchronize()
         self.build_info["warm_up_seconds"] = round(time.perf_counter() - start, 3)
         self.build_info["warm_up_shapes"] = len(searched) + len(planned)
 
-    def _warm(self, points: list[tuple], threads: int = 1) -> bool:
-        """Run an eager context at each (profile, input shapes) on zeros, on up to `threads` threads (torch releases
-        the GIL inside its ops, so cuDNN's host-side planning runs in parallel; torch's plan cache is shared by
-        threads); False (with a load note) when zeros are not valid data for the model: its first real call
-        compiles instead."""
-        net, failed = self.network, []
-
-        def run(chunk: list[tuple]) -> None:
-            dev = torch.device(self.device.torch_device)
-            with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():  # threads start on GPU 0
-                for profile, point in chunk:
-                    if failed:
-                        return
-                    ctx = ExecutionContext(self, cuda_graph=False, profile=profile)
-                    feeds = {n: torch.zeros(point.get(n, net.tensors[n].shape), dtype=net.tensors[n].dtype.torch,
-                                            device=self.device.torch_device) for n in net.inputs}
-                    try:
-                        ctx.run(feeds)
-                    except KilnError as e:
-                        failed.append(f"warm-up at {feeds_str(point)} failed: {e}")
-                        return
-
-        threads = max(1, min(threads, len(points)))
-        if threads == 1:
-            run(points)
-        else:
-            with ThreadPoolExecutor(threads, thread_name_prefix="kiln-warm-up") as pool:
-                list(pool.map(run, [points[i::threads] for i in range(threads)]))
-        if failed:
-            self.build_info.setdefault("load_notes", []).append(failed[0])
-        return not failed
+    def _warm(self, points: list[tuple]) -> bool:
+        """Run an eager context at each (profile, input shapes) on zeros; False (with a load note) when zeros are not
+        valid data for the model: its first real call compiles instead."""
+        net = self.network
+        for profile, point in points:
+            ctx = ExecutionContext(self, cuda_graph=False, profile=profile)
+            feeds = {n: torch.zeros(point.get(n, net.tensors[n].shape), dtype=net.tensors[n].dtype.torch,
+                                    device=self.device.torch_device) for n in net.inputs}
+            try:
+                ctx.run(feeds)
+            except KilnError as e:
+                self.build_info.setdefault("load_notes", []).append(f"warm-up at {feeds_str(point)} failed: {e}")
+                return False
+        return True
 
     def _plans_per_shape(self, profile: int) -> bool:
         """Whether a layer of `profile` runs a tactic whose library plans at each new shape (Tactic.plans_per_shape)."""
