@@ -116,8 +116,9 @@ def main() -> None:
     started, runs = time.time(), {}
     for label, sms in ((f"sms-{args.sms}", args.sms), ("sms-all", 0)):
         folder = args.out / label
+        own_cache = [] if "--cache" in suite_args else ["--cache", str(folder / "cache")]  # each run tunes afresh
         done = subprocess.run([sys.executable, "-m", "benchmarks.probes.gpu_few_sms", "--inner-sms", str(sms),
-                               "--out", str(folder), "--", *suite_args])
+                               "--out", str(folder), "--", *suite_args, *own_cache])
         facts_path = folder / "green-context.json"
         runs[label] = {"exit": done.returncode,
                        "facts": json.loads(facts_path.read_text()) if facts_path.exists() else None,
