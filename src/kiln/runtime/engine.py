@@ -199,6 +199,10 @@ class Engine:
         torch.cuda.synchronize()
         self.build_info["warm_up_seconds"] = round(time.perf_counter() - start, 3)
         self.build_info["warm_up_shapes"] = len(searched) + len(planned)
+        note = (f"warm-up: ran all {len(searched) + len(planned)} input shapes of the profile(s), at build and at each "
+                "load: its convs run cuDNN, which plans each conv at each new shape (ms each)")
+        if planned and note not in self.build_info.setdefault("notes", []):
+            self.build_info["notes"].append(note)
 
     def _warm(self, points: list[tuple]) -> bool:
         """Run an eager context at each (profile, input shapes) on zeros; False (with a load note) when zeros are not
