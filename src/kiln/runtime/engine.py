@@ -199,8 +199,8 @@ class Engine:
         torch.cuda.synchronize()
         self.build_info["warm_up_seconds"] = round(time.perf_counter() - start, 3)
         self.build_info["warm_up_shapes"] = len(searched) + len(planned)
-        note = (f"warm-up: ran all {len(searched) + len(planned)} input shapes of the profile(s), at build and at each "
-                "load: its convs run cuDNN, which plans each conv at each new shape (ms each)")
+        note = (f"warm-up: ran every input shape of the profile ({len(searched) + len(planned)} in all) at build and "
+                "at each load, as its convs run cuDNN, which plans each conv at each new shape (ms each)")
         if planned and note not in self.build_info.setdefault("notes", []):
             self.build_info["notes"].append(note)
 
