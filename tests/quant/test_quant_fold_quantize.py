@@ -135,3 +135,56 @@ def test_folded_engine_on_triton_and_torch_tactics_matches_the_reference():
         lns = [la.name for la in eng.network.layers if la.kind == "AddLayerNorm"]
         assert {eng.tactics[n].tactic for n in lns} == {ln_tactic}
         assert _cosine(eng.run({"x": x})["y"], want) >= 0.9999
+
+
+def _add_layernorm_smooth_quantize(vector_shape=(D,), extra_reader: bool = False) -> Network:
+    """_add_layernorm_quantize with SmoothQuant's Mul by a per-column constant between the LayerNorm and the
+    QuantizeLinear (quant/smooth.py); `extra_reader`: the Mul's product is also a network output."""
+    net = _add_layernorm_quantize()
+    g = torch.Generator().manual_seed(2)
+    net.add_constant("inv", torch.rand(vector_shape, generator=g) * 3 + 0.1)
+    net.add_tensor("y_s", DType.FLOAT32, (6, D))
+    net.layers.insert(1, Layer("smooth", "Mul", ["y", "inv"], ["y_s"], {}))
+    net.layers[2].inputs[0] = "y_s"
+    if extra_reader:
+        net.outputs.append("y_s")
+    verify_network(net)
+    return net
+
+
+def test_smoothquant_mul_folds_with_the_quantize_into_the_add_layernorm():
+    """y' = y · c quantized: the Mul and the QuantizeLinear become the LayerNorm's fifth input and third output,
+    the same outputs bit for bit (the reference, and the Triton kernel against the unfused arithmetic)."""
+    for shape in [(D,), (1, D)]:
+        before = _add_layernorm_smooth_quantize(shape)
+        after, ctx = apply(before, fold_quantize)
+        assert kinds(before) == ["AddLayerNorm", "Mul", "QuantizeLinear", "DequantizeLinear"]
+        assert kinds(after) == ["AddLayerNorm", "DequantizeLinear"]
+        ln = after.layers[0]
+        assert ln.inputs == ["a", "b", "gamma", "beta", "inv"] and ln.outputs == ["y", "s", "y_q"]
+        assert ctx.log["fold_quantize.layers"] == 1
+        feeds = {k: RNG.standard_normal((6, D)).astype(np.float32) for k in ("a", "b")}
+        assert_same_outputs(before, after, feeds, rtol=0, atol=0)
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(6, D, generator=g), torch.randn(6, D, generator=g)
+    w, bias, c = torch.rand(D, generator=g) + 0.5, torch.randn(D, generator=g), torch.rand(D, generator=g) * 3 + 0.1
+    for dtype in (torch.float16, torch.float32):
+        y, _, q = layernorm.add_layer_norm(a.to(dtype), b.to(dtype), w, bias, 1e-5, q_scale=0.02,
+                                           q_mul=c.to(dtype))
+        assert torch.equal(q, quantize.quantize(y * c.to(dtype), 0.02, dtype=torch.int8))
+
+
+def test_smoothquant_mul_with_another_reader_or_a_value_per_element_stays():
+    for net in (_add_layernorm_smooth_quantize(extra_reader=True), _add_layernorm_smooth_quantize((6, D))):
+        after, _ = apply(net, fold_quantize)
+        assert "Mul" in kinds(after) and "QuantizeLinear" in kinds(after)
+
+
+def test_smoothquant_int8_build_has_no_mul_after_its_add_layernorms():
+    calib = [{"x": RNG.standard_normal((8, D)).astype(np.float32)} for _ in range(4)]
+    engine = kiln.build(_block(), kiln.BuildConfig.with_shapes({"x": (8, D)}, device="cpu", int8=True,
+                                                               smooth_alpha=0.5), calib_data=calib)
+    net = engine.network
+    lns = [la for la in net.layers if la.kind == "AddLayerNorm"]
+    assert len(lns) == 2 and all(len(la.inputs) == 5 and la.inputs[4] in net.constants for la in lns)
+    assert [la.kind for la in net.layers].count("Mul") == 1  # the input's smoothing: no LayerNorm before it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from test_http import MODEL, affine_repository, serving
 
+from kiln.serve.metrics import STATS_REFRESH_S, SharedStatistics, read_snapshots, sum_statistics
 
 
 def _wait_workers(log, what: str, n: int = 2) -> None:
@@ -30,12 +32,25 @@ def _requests_counted(port: int) -> float:
     return sum(float(m) for m in re.findall(r'kiln_inference_requests_total\{[^}]*\} (\S+)', text))
 
 
+def _http_stats(url: str, path: str) -> dict:
+    with urllib.request.urlopen(f"http://{url}{path}", timeout=5) as r:  # a new connection each time
+        return json.loads(r.read())["model_stats"][0]
+
+
+def _assert_summed(stats: dict, requests: int, rows: int) -> None:
+    """`stats` (HTTP's JSON or gRPC's as JSON) counts every worker's `requests` of `rows` rows each."""
+    assert int(stats["inference_count"]) == requests * rows, stats
+    assert int(stats["inference_stats"]["success"]["count"]) == requests, stats
+    batches = sum(int(b["compute_infer"]["count"]) for b in stats["batch_stats"])
+    assert batches == int(stats["execution_count"]) > 0, stats
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     return affine_repository(tmp_path_factory.mktemp("workers") / "models")
 
 
-def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo):
+def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo, tmp_path, monkeypatch):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
@@ -43,6 +58,7 @@ def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         metrics = probe.getsockname()[1]
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the workers' shared folder, kiln-serve-metrics-*, made in it
     with serving(repo, "--workers", "2", "--metrics-port", str(metrics)) as (url, grpc_url, proc, log):
         _wait_workers(log, "gRPC on")
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
@@ -54,13 +70,16 @@ def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo):
                 np.testing.assert_array_equal(client.infer(MODEL, [inp]).as_numpy("y"), x * 2 + 1)
                 client.close()
         assert [_requests_counted(metrics) for _ in range(4)] == [32] * 4  # whichever worker answers: the sum
-        seen = set()  # each worker's own statistics, over new gRPC connections (SO_REUSEPORT spreads them)
-        for _ in range(24):
+        time.sleep(3 * STATS_REFRESH_S)  # every worker has published its statistics since
+        [shared] = tmp_path.glob("kiln-serve-metrics-*")
+        own = [int(e["inference_stats"]["success"]["count"]) for [e] in read_snapshots(shared)]
+        assert len(own) == 2 and sum(own) == 32 and 0 not in own, own  # both workers took requests, only they
+        for _ in range(8):  # whichever worker answers, over new connections: every worker's sum
+            _assert_summed(_http_stats(url, f"/v2/models/{MODEL}/stats"), 32, 2)
+            _assert_summed(_http_stats(url, "/v2/models/stats"), 32, 2)
             client = grpcclient.InferenceServerClient(grpc_url)
-            stats = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
-            seen.add(int(stats["inference_stats"]["success"].get("count", 0)))
+            _assert_summed(client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0], 32, 2)
             client.close()
-        assert len(seen) == 2 and sum(seen) == 32 and 0 not in seen, seen  # both workers answered, only they
         with pytest.raises(InferenceServerException, match="--workers 1"):
             httpclient.InferenceServerClient(url).unload_model(MODEL)
         with pytest.raises(InferenceServerException, match="--workers 1"):
@@ -88,3 +107,36 @@ def test_sigint_is_passed_on(repo):
         _wait_workers(log, "HTTP on")  # a worker still loading its models exits 130 on SIGINT
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+def _entry(count: int, ns: int, batches: dict[int, int], last: int, version: str = "1") -> dict:
+    """A hand-made statistics entry: `count` successful requests of `ns` each stage, `batches` {size: executions}."""
+    d = {"count": count, "ns": ns}
+    return {"name": "m", "version": version, "last_inference": last, "inference_count": count,
+            "execution_count": sum(batches.values()),
+            "inference_stats": {k: dict(d) for k in ("success", "fail", "queue", "compute_input", "compute_infer",
+                                                     "compute_output", "cache_hit", "cache_miss")},
+            "batch_stats": [{"batch_size": size, **{k: {"count": n, "ns": ns} for k in
+                                                    ("compute_input", "compute_infer", "compute_output")}}
+                            for size, n in sorted(batches.items())]}
+
+
+def test_statistics_sum_over_snapshots_and_skip_a_corrupt_one(tmp_path):
+    own, other = _entry(3, 30, {1: 1, 2: 1}, last=100), _entry(5, 50, {2: 2, 4: 1}, last=200)
+    [total] = sum_statistics([own], [[other], [_entry(7, 1, {}, 1, version="2")], {"not": "a list"},
+                                      [{"name": "m", "version": "1", "inference_count": "x"}]])
+    assert total["inference_count"] == 8 and total["execution_count"] == 5 and total["last_inference"] == 200
+    assert total["inference_stats"]["success"] == {"count": 8, "ns": 80}
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in total["batch_stats"]] == [(1, 1), (2, 3), (4, 1)]
+    assert sum_statistics([own], []) == [own]
+
+    mine, theirs = SharedStatistics(str(tmp_path), 0), SharedStatistics(str(tmp_path), 1)
+    theirs.publish([other])
+    (tmp_path / "stats-2.json").write_text('{"worker": 2, "model_stats": [{"name": "m", "vers')  # partial
+    (tmp_path / "stats-3.json").write_bytes(b"\xff\x00")  # corrupt
+    mine.publish([own])
+    assert mine.combine([own])[0]["inference_count"] == 8  # its own live entry and worker 1's; 2 and 3 skipped
+    assert read_snapshots(tmp_path) == [[own], [other]]
+    (tmp_path / "stats-0.json").unlink()
+    mine.publish([_entry(3, 30, {1: 1, 2: 1}, last=100)])  # unchanged: not written again
+    assert not (tmp_path / "stats-0.json").exists()

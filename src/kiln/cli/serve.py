@@ -99,9 +99,9 @@ def serve(
     workers: Annotated[int, typer.Option(
         "--workers", min=1, help="Serve from this many processes, each loading every model (N engine copies on the "
                                  "device, N batching queues): one Python process takes in about a thousand requests "
-                                 "a second. The kernel spreads HTTP and gRPC connections over them; /metrics sums "
-                                 "every worker's; statistics count the worker a connection reached; "
-                                 "model load / unload and --shared-memory need --workers 1.")] = 1,
+                                 "a second. The kernel spreads HTTP and gRPC connections over them; /metrics and "
+                                 "the v2 statistics sum every worker's (the other workers' statistics lag by up to "
+                                 "0.2 s); model load / unload and --shared-memory need --workers 1.")] = 1,
     worker_index: Annotated[Optional[int], typer.Option("--worker-index", hidden=True)] = None,
     http_fd: Annotated[Optional[int], typer.Option("--http-fd", hidden=True)] = None,
     metrics_fd: Annotated[Optional[int], typer.Option("--metrics-fd", hidden=True)] = None,
@@ -185,6 +185,31 @@ async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
 
+def _publish_statistics(repo, shared):
+    """The task publishing this worker's statistics for the others (`SharedStatistics.run`); None without `shared`."""
+    import asyncio
+
+    from kiln.serve.metrics import statistics_of
+
+    return None if shared is None else asyncio.create_task(shared.run(lambda: statistics_of(repo.models())))
+
+
+async def _final_statistics(task, repo, shared) -> None:
+    """Stop the publishing `task` and publish once more: the requests drained at shutdown count too."""
+    import asyncio
+    import contextlib
+
+    from kiln.serve.metrics import statistics_of
+
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    with contextlib.suppress(OSError):
+        shared.publish(statistics_of(repo.models()))
+
+
 @dataclass(frozen=True)
 class Worker:
     """What one process of `kiln serve --workers N` is told: its index and the listening sockets (HTTP, metrics)
@@ -221,7 +246,7 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
     shared = {flag: _listen(host, port) for flag, port in (("http", http_port), ("metrics", metrics_port)) if port >= 0}
     ports = {flag: str(sock.getsockname()[1]) for flag, sock in shared.items()}
     grpc = grpc_port if grpc_port != 0 else _free_port(host)
-    counts = tempfile.mkdtemp(prefix="kiln-serve-metrics-")  # the workers' metric files, summed by each /metrics
+    counts = tempfile.mkdtemp(prefix="kiln-serve-metrics-")  # the workers' metric and statistics files
     env = os.environ | {MULTIPROCESS_ENV: counts}
     procs = []
     for i in range(count):
@@ -270,7 +295,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
 
     from kiln.serve.http import create_app
     from kiln.serve.logs import event
-    from kiln.serve.metrics import Metrics
+    from kiln.serve.metrics import Metrics, SharedStatistics
     from kiln.serve.repository import ModelRepository
     from kiln.serve.shared_memory import SharedMemoryRegistry
 
@@ -281,6 +306,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     who = "" if worker is None else f"worker {worker.index}: "
     metrics = Metrics()
     regions = SharedMemoryRegistry() if shared_memory else None  # one per process, for HTTP and gRPC alike
+    shared_stats = SharedStatistics.from_env(None if worker is None else worker.index)  # None: one process
     repo = ModelRepository(root, device=device, policy=policy, metrics=metrics,
                            control=None if worker is None else "this server runs several workers (--workers), each "
                                                                "with its own models; serve with --workers 1 to load "
@@ -289,9 +315,10 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    servers, sockets, grpc_server = [], [], None
+    servers, sockets, grpc_server, publishing = [], [], None, None
     try:
         await _maybe_await(repo.start(load_all=True))
+        publishing = _publish_statistics(repo, shared_stats)
         for m in repo.index():
             state = m.get("state")
             reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
@@ -300,7 +327,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         apps = []
         if http_port >= 0:
             apps.append(("HTTP", create_app(repo, max_body_bytes=max_body_bytes, metrics=metrics,
-                                               shared_memory=regions), http_port))
+                                               shared_memory=regions, shared_stats=shared_stats), http_port))
         if metrics_port >= 0:
             metrics_app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
             metrics_app.add_api_route("/metrics", lambda: Response(metrics.render(), media_type=metrics.content_type),
@@ -322,7 +349,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
                 event(f"gRPC off: {e}", logging.WARNING, event="grpc_off", reason=str(e))
             else:
                 grpc_server = create_grpc_server(repo, host, grpc_port, max_message_bytes=max_body_bytes,
-                                                 shared_memory=regions, reuse_port=worker is not None)
+                                                 shared_memory=regions, reuse_port=worker is not None,
+                                                 shared_stats=shared_stats)
                 await grpc_server.start()
                 event(f"{who}gRPC on {_url(host, grpc_server.kiln_port)}", event="listening", protocol="gRPC",
                       host=host, port=grpc_server.kiln_port)
@@ -347,6 +375,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         for sock in sockets:
             sock.close()
         await _maybe_await(repo.close())
+        await _final_statistics(publishing, repo, shared_stats)
         if regions is not None:
             regions.close()
         for sig in (signal.SIGINT, signal.SIGTERM):

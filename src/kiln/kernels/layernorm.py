@@ -79,9 +79,9 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 @triton.jit
-def _add_layernorm_kernel(a, r, w, b, y, s, q, N, s_a, s_r, eps, q_scale, HAS_BIAS: tl.constexpr,
-                          STORE_SUM: tl.constexpr, QUANT: tl.constexpr, FP8: tl.constexpr, EXACT_DIV: tl.constexpr,
-                          BLOCK: tl.constexpr):
+def _add_layernorm_kernel(a, r, w, b, y, s, q, qm, N, s_a, s_r, eps, q_scale, HAS_BIAS: tl.constexpr,
+                          STORE_SUM: tl.constexpr, QUANT: tl.constexpr, Q_MUL: tl.constexpr, FP8: tl.constexpr,
+                          EXACT_DIV: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < N
@@ -92,7 +92,10 @@ def _add_layernorm_kernel(a, r, w, b, y, s, q, N, s_a, s_r, eps, q_scale, HAS_BI
         tl.store(s + row * N + cols, v, mask=inside)
     out = _normalize_row(v.to(tl.float32), inside, w, b, cols, N, eps, HAS_BIAS).to(y.dtype.element_ty)
     tl.store(y + row * N + cols, out, mask=inside)
-    if QUANT:  # the stored value quantized, as a QuantizeLinear reading y computes it
+    if QUANT:  # the stored value quantized, as a QuantizeLinear reading y (or y · qm, rounded as y) computes it
+        if Q_MUL:
+            out = (out.to(tl.float32) * tl.load(qm + cols, mask=inside, other=0.0).to(tl.float32)).to(
+                y.dtype.element_ty)
         tl.store(q + row * N + cols, quantize_values(out, q_scale, FP8, EXACT_DIV).to(q.dtype.element_ty),
                  mask=inside)
 
@@ -104,10 +107,12 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def add_layer_norm(a: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                    config: dict | None = None, want_sum: bool = True, out: tuple = (None, None, None),
-                   q_scale: float | None = None, q_dtype: torch.dtype = torch.int8) -> tuple:
+                   q_scale: float | None = None, q_dtype: torch.dtype = torch.int8,
+                   q_mul: torch.Tensor | None = None) -> tuple:
     """(LayerNorm(a + r) over the last dim, a + r) in one pass; a and r have one shape, rows of ≤ BLOCK values.
-    The sum is None when not `want_sum`; with `q_scale` a third result, the normalized rows quantized to q_dtype
-    (kernels/quantize.py's arithmetic); `out` holds byte buffers for the results (or None)."""
+    The sum is None when not `want_sum`; with `q_scale` a third result, the normalized rows (times `q_mul` per
+    column, if given) quantized to q_dtype (kernels/quantize.py's arithmetic); `out` holds byte buffers for the
+    results (or None)."""
     n = a.shape[-1]
     cfg = config or row_config(n)
     if n > cfg["BLOCK"]:
@@ -120,9 +125,10 @@ def add_layer_norm(a: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias:
     if a2.numel():
         w = weight.reshape(-1)
         b = bias.reshape(-1) if bias is not None else w
+        qm = q_mul.reshape(-1) if q_mul is not None and q is not None else w
         _add_layernorm_kernel[(a2.shape[0],)](a2, r2, w, b, y, s if s is not None else y, q if q is not None else y,
-                                              n, a2.stride(0), r2.stride(0), float(eps), float(q_scale or 1.0),
+                                              qm, n, a2.stride(0), r2.stride(0), float(eps), float(q_scale or 1.0),
                                               HAS_BIAS=bias is not None, STORE_SUM=want_sum, QUANT=q is not None,
-                                              FP8=q_dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
-                                              BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+                                              Q_MUL=qm is not w, FP8=q_dtype == torch.float8_e4m3fn,
+                                              EXACT_DIV=not INTERPRET, BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
     return (y, s) if q is None else (y, s, q)

@@ -99,15 +99,17 @@ def fused_attention(inputs, attrs):
                              "stash_type": INT})
 def add_layer_norm(inputs, attrs):
     """S = A + B (same shapes), Y = LayerNormalization(S, scale, bias). Outputs: Y, S, and with attr q_scale
-    (quant/fold_quantize.py) Y_q = QuantizeLinear(Y, q_scale) to q_dtype (int8 / fp8, per tensor, saturating).
+    (quant/fold_quantize.py) Y_q = QuantizeLinear(Y, q_scale) to q_dtype (int8 / fp8, per tensor, saturating), or
+    QuantizeLinear(Y · q_mul) with a fifth input q_mul (SmoothQuant's 1/s per channel, in Y's dtype).
     attrs: LayerNormalization's (axis, epsilon, stash_type)."""
-    a, b, scale, bias = (list(inputs) + [None] * 4)[:4]
+    a, b, scale, bias, q_mul = (list(inputs) + [None] * 5)[:5]
     s = _ref("Add", [a, b])
     y = _ref("LayerNormalization", [s, scale, bias], {k: v for k, v in attrs.items() if not k.startswith("q_")})
     if attrs.get("q_scale") is None:
         return y, s
     q_attrs = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": attrs["q_dtype"], "precision": None}
-    return y, s, _ref("QuantizeLinear", [y, torch.tensor(attrs["q_scale"], dtype=torch.float32)], q_attrs)
+    q_in = y if q_mul is None else _ref("Mul", [y, q_mul.to(y.dtype)])
+    return y, s, _ref("QuantizeLinear", [q_in, torch.tensor(attrs["q_scale"], dtype=torch.float32)], q_attrs)
 
 
 def _program(value) -> bool:

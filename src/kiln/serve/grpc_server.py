@@ -26,6 +26,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2
 from kiln.serve.errors import BadRequest, ModelNotFound, ModelNotReady, ServeError
+from kiln.serve.metrics import SharedStatistics, statistics_of
 from kiln.serve.shared_memory import PARAMS as SHM_PARAMS
 from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
@@ -186,8 +187,9 @@ def _timeout_s(request, context) -> float | None:
 class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """GRPCInferenceService over a ModelRepository."""
 
-    def __init__(self, repo, shared_memory: SharedMemoryRegistry | None = None):
-        self.repo, self.shared_memory = repo, shared_memory
+    def __init__(self, repo, shared_memory: SharedMemoryRegistry | None = None,
+                 shared_stats: SharedStatistics | None = None):
+        self.repo, self.shared_memory, self.shared_stats = repo, shared_memory, shared_stats
         self.extensions = EXTENSIONS + (["system_shared_memory"] if shared_memory is not None else [])
 
     def _get(self, name: str, version: str = ""):
@@ -248,7 +250,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request, context):
         # a name without a version: every loaded version of it; no name: every loaded version of every model
         models = self.repo.models(request.name or None, request.version or None)
-        stats = [_message(service_pb2.ModelStatistics, m.statistics()) for m in models]
+        stats = [_message(service_pb2.ModelStatistics, s) for s in statistics_of(models, self.shared_stats)]
         return service_pb2.ModelStatisticsResponse(model_stats=stats)
 
     @_rpc
@@ -313,18 +315,20 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 def create_grpc_server(repo, host: str = "127.0.0.1", port: int = 8001, *,
                        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                       shared_memory: SharedMemoryRegistry | None = None, reuse_port: bool = False
-                       ) -> grpc.aio.Server:
+                       shared_memory: SharedMemoryRegistry | None = None, reuse_port: bool = False,
+                       shared_stats: SharedStatistics | None = None) -> grpc.aio.Server:
     """A grpc.aio server for `repo` bound to host:port (port 0: a free one), not yet started: `await
     server.start()`, and `await server.stop(grace)` before `repo.close()`. The bound port is `server.kiln_port`.
     Messages above `max_message_bytes` are refused (RESOURCE_EXHAUSTED) both ways; `shared_memory`: the system shared
-    memory regions (None: off); `reuse_port`: share the port with the other workers of `kiln serve --workers`.
+    memory regions (None: off); `reuse_port`: share the port with the other workers of `kiln serve --workers`;
+    `shared_stats`: the statistics summed over those workers (None: this process's).
     Call it with the event loop the repository serves on running."""
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes),
                ("grpc.so_reuseport", int(reuse_port))]  # off: a port already taken fails instead of sharing
     server = grpc.aio.server(options=options)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KilnInferenceServicer(repo, shared_memory), server)
+    servicer = KilnInferenceServicer(repo, shared_memory, shared_stats)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

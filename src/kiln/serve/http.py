@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kiln.errors import InternalError, KilnError
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2, to_v2
 from kiln.serve.errors import BadRequest, ClientGone, ModelNotFound, ServeError, TooLarge
+from kiln.serve.metrics import SharedStatistics, statistics_of
 from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
 
@@ -305,9 +306,11 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
-               shared_memory: SharedMemoryRegistry | None = None) -> FastAPI:
+               shared_memory: SharedMemoryRegistry | None = None,
+               shared_stats: SharedStatistics | None = None) -> FastAPI:
     """The KServe v2 HTTP app serving `repo` (a `ModelRepository`). `metrics`: the `Metrics` that /metrics renders
-    (default: `repo.metrics`, if it has one); `shared_memory`: the system shared memory regions (None: off)."""
+    (default: `repo.metrics`, if it has one); `shared_memory`: the system shared memory regions (None: off);
+    `shared_stats`: the statistics summed over the workers of `kiln serve --workers N` (None: this process's)."""
     if max_body_bytes <= 0:
         raise ValueError("max_body_bytes must be positive")
     app = FastAPI(title="kiln", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
@@ -359,7 +362,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
 
     async def model_stats(name: str, version: str | None = None):  # no version: every loaded one, as Triton
         _check_name(name)
-        return {"model_stats": [m.statistics() for m in repo.models(name, version)]}
+        return {"model_stats": statistics_of(repo.models(name, version), shared_stats)}
 
     async def infer(request: Request, name: str, version: str | None = None):
         start = time.perf_counter_ns()
@@ -391,7 +394,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
 
     # statistics of every loaded model, registered before /v2/models/{name}, which would take "stats" as a name
     async def all_stats():  # every loaded version of every model; one not loaded has no statistics
-        return {"model_stats": [m.statistics() for m in repo.models()]}
+        return {"model_stats": statistics_of(repo.models(), shared_stats)}
 
     app.add_api_route("/v2/models/stats", all_stats, methods=["GET"])
     for suffix, fn in (("/ready", model_ready), ("", model_metadata), ("/config", model_config),

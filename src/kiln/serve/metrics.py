@@ -2,12 +2,19 @@
 
 Under `kiln serve --workers N` each worker process counts into files of a shared folder (prometheus_client's
 multiprocess mode: PROMETHEUS_MULTIPROC_DIR, set by the parent before the workers start) and `render` sums them, so
-every worker's /metrics is the whole server's."""
+every worker's /metrics is the whole server's. The v2 statistics are summed the same way: each worker publishes its
+models' statistics as JSON to stats-<worker index>.json in that folder (`SharedStatistics`), and a statistics request
+adds the other workers' latest snapshots to the answering worker's own (`sum_statistics`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -15,6 +22,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+STATS_REFRESH_S = 0.2  # how often a worker publishes its statistics (when they changed)
+_BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
 TIME_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -79,3 +88,101 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=shared)
         return generate_latest(registry)
+
+
+def _add_duration(a: dict, b: dict) -> dict:
+    """Two statistics durations ({count, ns}) added."""
+    return {"count": int(a.get("count", 0)) + int(b.get("count", 0)), "ns": int(a.get("ns", 0)) + int(b.get("ns", 0))}
+
+
+def _add_batches(a: list, b: list) -> list:
+    """Two batch_stats lists merged by batch size (durations added), sorted by batch size."""
+    sizes: dict[int, dict] = {}
+    for entry in [*a, *b]:
+        size = int(entry["batch_size"])
+        prev = sizes.get(size, {})
+        sizes[size] = {"batch_size": size, **{k: _add_duration(prev.get(k, {}), entry.get(k, {}))
+                                              for k in _BATCH_DURATIONS}}
+    return [sizes[size] for size in sorted(sizes)]
+
+
+def _add_entry(a: dict, b: dict) -> dict:
+    """One model version's statistics entry `a` with `b` (another worker's) added; last_inference is the later."""
+    stats_b = b.get("inference_stats", {})
+    return {**a, "last_inference": max(int(a.get("last_inference", 0)), int(b.get("last_inference", 0))),
+            "inference_count": int(a.get("inference_count", 0)) + int(b.get("inference_count", 0)),
+            "execution_count": int(a.get("execution_count", 0)) + int(b.get("execution_count", 0)),
+            "inference_stats": {k: _add_duration(v, stats_b.get(k, {})) for k, v in a["inference_stats"].items()},
+            "batch_stats": _add_batches(a.get("batch_stats", []), b.get("batch_stats", []))}
+
+
+def _add_snapshot(total: list[dict], snapshot: list[dict]) -> list[dict]:
+    """`total` with one worker's snapshot added entry by entry (same name and version)."""
+    theirs = {(e["name"], str(e["version"])): e for e in snapshot}
+    return [_add_entry(e, theirs[key]) if (key := (e["name"], str(e["version"]))) in theirs else e for e in total]
+
+
+def sum_statistics(own: list[dict], snapshots: Iterable) -> list[dict]:
+    """`own` statistics entries (Triton's model_stats) with each other worker's snapshot added; a snapshot that is not
+    such a list (corrupt) is skipped. Only `own`'s model versions are reported."""
+    total = list(own)
+    for snapshot in snapshots:
+        with contextlib.suppress(TypeError, ValueError, AttributeError, KeyError):
+            total = _add_snapshot(total, snapshot)
+    return total
+
+
+def read_snapshots(folder: str | Path, skip: int | None = None) -> list:
+    """The model_stats each worker last wrote to `folder`/stats-<index>.json, but worker `skip`'s; a missing, partial
+    or corrupt file is left out."""
+    found = []
+    for path in sorted(Path(folder).glob("stats-*.json")):
+        if path.name == f"stats-{skip}.json":
+            continue
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            found.append(json.loads(path.read_bytes())["model_stats"])
+    return found
+
+
+@dataclass
+class SharedStatistics:
+    """One worker's part in the statistics of `kiln serve --workers N`: it publishes its own to
+    `folder`/stats-<index>.json and adds the other workers' latest ones to its own."""
+
+    folder: str
+    index: int
+    refresh_s: float = STATS_REFRESH_S
+    _last: list | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_env(cls, index: int | None) -> SharedStatistics | None:
+        """Worker `index`'s, in the metrics folder its parent shares (MULTIPROCESS_ENV); None outside a worker."""
+        folder = os.environ.get(MULTIPROCESS_ENV)
+        return cls(folder, index) if index is not None and folder else None
+
+    def combine(self, own: list[dict]) -> list[dict]:
+        """`own` statistics entries summed with the other workers' latest snapshots."""
+        return sum_statistics(own, read_snapshots(self.folder, self.index))
+
+    def publish(self, entries: list[dict]) -> None:
+        """Write `entries` as this worker's snapshot, if they changed: to a temp file, then os.replace (atomic)."""
+        if entries == self._last:
+            return
+        path = Path(self.folder) / f"stats-{self.index}.json"
+        tmp = path.with_name(f".stats-{self.index}.tmp")
+        tmp.write_text(json.dumps({"worker": self.index, "model_stats": entries}))
+        os.replace(tmp, path)
+        self._last = entries
+
+    async def run(self, snapshot: Callable[[], list[dict]]) -> None:
+        """Publish `snapshot()` every `refresh_s` until cancelled (a failed write is tried again next time)."""
+        while True:
+            with contextlib.suppress(OSError):
+                self.publish(snapshot())
+            await asyncio.sleep(self.refresh_s)
+
+
+def statistics_of(models: Iterable, shared: SharedStatistics | None = None) -> list[dict]:
+    """Triton's model_stats of `models` (`ServedModel`s): this process's, summed over every worker when `shared`."""
+    own = [m.statistics() for m in models]
+    return own if shared is None else shared.combine(own)

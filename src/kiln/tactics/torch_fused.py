@@ -166,7 +166,10 @@ def _compile_add_ln(spec: LayerSpec, config, device):
     def run(inputs):
         s = inputs[0] + inputs[1]
         y = F.layer_norm(s, shape, inputs[2], inputs[3] if len(inputs) > 3 else None, eps)
-        return [y, s] if q_scale is None else [y, s, quantize.quantize(y, q_scale, dtype=q_dtype.torch)]
+        if q_scale is None:
+            return [y, s]
+        q_in = y * inputs[4].to(y.dtype) if len(inputs) > 4 and inputs[4] is not None else y
+        return [y, s, quantize.quantize(q_in, q_scale, dtype=q_dtype.torch)]
 
     return run
 

@@ -97,8 +97,9 @@ def _compile_add_ln(spec: LayerSpec, config, device):
 
     def run(inputs, out=None):
         bias = inputs[3] if len(inputs) > 3 else None
+        q_mul = inputs[4] if len(inputs) > 4 else None
         outs = layernorm.add_layer_norm(inputs[0], inputs[1], inputs[2], bias, eps, config, want_sum, out or (),
-                                        **quant)
+                                        q_mul=q_mul, **quant)
         return list(outs)
 
     return run
