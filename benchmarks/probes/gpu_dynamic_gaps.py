@@ -20,7 +20,7 @@ import kiln
 from benchmarks.dynamic import IMAGE_SIZE, RANGES, input_shapes
 from benchmarks.models import SPECS, instantiate, onnx_file
 from benchmarks.peers import prepare
-from benchmarks.probes.harness import Budget, parser, sync, wall_ms, write_json
+from benchmarks.probes.harness import Budget, once_ms, parser, wall_ms, write_json
 from benchmarks.suite import CACHE
 from kiln.tactics import registry
 
@@ -58,14 +58,6 @@ def label(shape) -> str:
     return "x".join(map(str, shape))
 
 
-def first_ms(fn) -> float:
-    sync()
-    t = time.perf_counter()
-    fn()
-    sync()
-    return (time.perf_counter() - t) * 1e3
-
-
 def build(path, profiles, cache: str, **kw):
     t = time.perf_counter()
     engine = kiln.build(path, kiln.BuildConfig(profiles=profiles, fp16=True, timing_cache=cache, **kw))
@@ -100,7 +92,7 @@ def main() -> None:
                        "tactics": engine.tactic_summary(), "first_ms": {}, "median_ms": {}}
                 for s in plan["first"]:
                     f = feeds(spec, s)
-                    row["first_ms"][label(s)] = first_ms(lambda: ctx.run(f))
+                    row["first_ms"][label(s)] = once_ms(lambda: ctx.run(f))
                 for s in plan["steady"]:
                     f = feeds(spec, s)
                     row["median_ms"][label(s)] = wall_ms(lambda: ctx.run(f), iters=100)
@@ -135,7 +127,7 @@ def main() -> None:
             def call():
                 with torch.no_grad():
                     return fn(*call_args)
-            first = first_ms(call)
+            first = once_ms(call)
             out.setdefault("reduce_overhead", {})[label(s)] = {"first_ms": first, "median_ms": wall_ms(call, iters=100)}
             budget.log(f"{name} reduce-overhead {label(s)}: {out['reduce_overhead'][label(s)]}")
         write_json(args.out, {"results": results})

@@ -24,7 +24,7 @@ import kiln
 from benchmarks.dynamic import IMAGE_SIZE, RANGES, input_shapes
 from benchmarks.models import SPECS, instantiate, onnx_file
 from benchmarks.peers import prepare
-from benchmarks.probes.harness import Budget, parser, sync, wall_ms, write_json
+from benchmarks.probes.harness import Budget, once_ms, parser, sync, wall_ms, write_json
 from benchmarks.suite import CACHE
 from kiln.bench.profile import profile_layers
 
@@ -50,14 +50,6 @@ def log_triton_compiles() -> None:
             mod.compile = compile
 
 
-def timed(fn) -> float:
-    sync()
-    t = time.perf_counter()
-    fn()
-    sync()
-    return (time.perf_counter() - t) * 1e3
-
-
 def on_thread(fn):
     box = []
     worker = threading.Thread(target=lambda: box.append(fn()))
@@ -76,7 +68,7 @@ def first_calls(ctx, spec, shapes) -> dict[str, float]:
     out = {}
     for shape in shapes:
         f = feeds(spec, shape)
-        out["x".join(map(str, shape))] = timed(lambda: ctx.run(f))
+        out["x".join(map(str, shape))] = once_ms(lambda: ctx.run(f))
     return out
 
 
@@ -92,10 +84,10 @@ def threads() -> dict:
         x = torch.randn(b, 256, 28, 28, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
         return lambda: conv(x)
     with torch.no_grad():
-        worker_first = on_thread(lambda: timed(run(7)))
-        main_after_worker = timed(run(7))
-        main_fresh = timed(run(11))
-        main_second = timed(run(11))
+        worker_first = on_thread(lambda: once_ms(run(7)))
+        main_after_worker = once_ms(run(7))
+        main_fresh = once_ms(run(11))
+        main_second = once_ms(run(11))
     return {"worker_first_b7_ms": worker_first, "main_first_b7_after_worker_ms": main_after_worker,
             "main_first_b11_ms": main_fresh, "main_second_b11_ms": main_second}
 
@@ -146,8 +138,8 @@ def bert(out: dict, budget: Budget) -> None:
     for shape in ((16, 100), (5, 77), (3, 300), (2, 32), (24, 200), (7, 333), (32, 100), (16, 64)):
         COMPILED.clear()
         f = feeds(spec, shape)
-        ms = timed(lambda: ctx.run(f))
-        second = timed(lambda: ctx.run(f))
+        ms = once_ms(lambda: ctx.run(f))
+        second = once_ms(lambda: ctx.run(f))
         out["first"]["x".join(map(str, shape))] = {"ms": ms, "second_ms": second, "compiled": list(COMPILED)}
         budget.log(f"bert first {shape}: {ms:.1f} ms, second {second:.1f} ms, compiled {COMPILED}")
     ctx = engine = None

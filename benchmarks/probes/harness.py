@@ -81,6 +81,15 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def once_ms(fn: Callable[[], object]) -> float:
+    """Host ms of one synchronized fn() call (a first call, say), the device idle before it."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
 def graph_ms(fn: Callable[[], object], repeat: int = 10) -> float:
     """Device time of one fn() call: `repeat` calls captured in one CUDA graph, replays timed (no host overhead, as in
     a kiln engine)."""
