@@ -368,11 +368,13 @@ class DynamicBatcher:
                 r.future.set_result(answer)
 
     def run_each_context(self, feeds: dict) -> None:
-        """Run `feeds` once on every execution context (a warm-up, before any request is queued)."""
+        """Run `feeds` on every execution context (a warm-up, before any request is queued): twice where a dynamic
+        engine captures CUDA graphs, as it records a new shape at its first run and captures it at the second."""
         contexts = [self._contexts.get() for _ in range(self.instance_count)]
         try:
             for ctx in contexts:
-                ctx.run(feeds)
+                for _ in range(2 if ctx.engine.shape_program and ctx.graphs is not None else 1):
+                    ctx.run(feeds)
         finally:
             for ctx in contexts:
                 self._contexts.put(ctx)
