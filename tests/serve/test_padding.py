@@ -360,6 +360,8 @@ class _Contexts:
         engine = self
 
         class Ctx:
+            graphs = None  # no CUDA graphs: the warm-up runs each bucket once
+
             def run(self, feeds):
                 if engine.refuse:
                     raise InputError("zeros are not valid here")

@@ -373,7 +373,7 @@ class DynamicBatcher:
         contexts = [self._contexts.get() for _ in range(self.instance_count)]
         try:
             for ctx in contexts:
-                for _ in range(2 if ctx.engine.shape_program and ctx.graphs is not None else 1):
+                for _ in range(2 if ctx.graphs is not None and ctx.engine.shape_program else 1):
                     ctx.run(feeds)
         finally:
             for ctx in contexts:
