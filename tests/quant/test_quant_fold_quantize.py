@@ -180,7 +180,7 @@ def test_smoothquant_mul_with_another_reader_or_a_value_per_element_stays():
         assert "Mul" in kinds(after) and "QuantizeLinear" in kinds(after)
 
 
-def test_smoothquant_int8_build_has_no_mul_after_its_add_layernorms():
+def test_smoothquant_int8_build_has_no_mul_after_its_add_layernorms(tmp_path):
     calib = [{"x": RNG.standard_normal((8, D)).astype(np.float32)} for _ in range(4)]
     engine = kiln.build(_block(), kiln.BuildConfig.with_shapes({"x": (8, D)}, device="cpu", int8=True,
                                                                smooth_alpha=0.5), calib_data=calib)
@@ -188,3 +188,6 @@ def test_smoothquant_int8_build_has_no_mul_after_its_add_layernorms():
     lns = [la for la in net.layers if la.kind == "AddLayerNorm"]
     assert len(lns) == 2 and all(len(la.inputs) == 5 and la.inputs[4] in net.constants for la in lns)
     assert [la.kind for la in net.layers].count("Mul") == 1  # the input's smoothing: no LayerNorm before it
+    engine.save(tmp_path / "smooth.plan")  # the fifth input survives the plan file
+    x = RNG.standard_normal((8, D)).astype(np.float32)
+    np.testing.assert_array_equal(kiln.load(tmp_path / "smooth.plan").run({"x": x})["y"], engine.run({"x": x})["y"])
