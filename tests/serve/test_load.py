@@ -20,7 +20,9 @@ from test_http import serving
 from kiln.cli.loadgen import check_url, run_load
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-QUEUE, BATCH = 4, 4  # the slow model's max_queue_size and max_batch_size
+# the slow model's max_queue_size and max_batch_size: a batch can never fill (the queue holds fewer requests), so each
+# waits the whole 400 ms queue delay and an overload finds the queue full however slowly the requests arrive
+QUEUE, BATCH = 4, 8
 
 
 @pytest.fixture(scope="module")
