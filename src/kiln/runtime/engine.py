@@ -175,8 +175,8 @@ class Engine:
     def warm_up(self) -> None:
         """Run a GPU engine on zeros at its shapes, so a first call at a new shape compiles and searches nothing: a
         static engine's one, and each profile's min, opt, max, one interior shape and a shape per combination of
-        its dims' size classes (`class_points`), with cuDNN's algorithm search on (those shapes run its timed
-        picks; Triton kernels are compiled for every class they specialize on: 1, multiples of 16, others). A
+        its dims' size classes (`class_points`: 1, and 0 to 4+ factors of two, which decide the 1 / multiple-of-16
+        classes Triton compiles sizes and their products by), with cuDNN's algorithm search on (its timed picks). A
         profile whose layers plan per shape (cuDNN convs: ms each) also runs every other shape it holds, up to
         MAX_EVERY_POINTS, with cuDNN's heuristic pick, as a first call there would (`every_point`)."""
         net = self.network
