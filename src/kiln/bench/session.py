@@ -80,8 +80,9 @@ def run_bench(engine, feeds: Mapping[str, Any], options: BenchOptions, batch: in
     barrier = threading.Barrier(opts.streams, action=clock.start)
     results: list[list[IterationTimes]] = [[] for _ in contexts]
     ends = [0.0] * len(contexts)
-    # each context's first call (ms, host wall): at the benchmarked shapes it records the dynamic engine's shape
-    # program and captures the CUDA graph; it is a warm-up query, outside the timed ones unless --warmup 0
+    # each context's first call (ms, host wall): at the benchmarked shapes it records a dynamic engine's shape program
+    # (whose graph is captured at the second call) or captures a static engine's graph; a warm-up query, outside the
+    # timed ones unless --warmup 0
     first: list[float | None] = [None] * len(contexts)
     second: list[float | None] = [None]  # the first context's second call (a dynamic engine's capture at a new shape)
     errors: list[BaseException] = []
