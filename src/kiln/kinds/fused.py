@@ -144,3 +144,11 @@ def pointwise_chain(inputs, attrs):
         step_attrs = dict(zip(flat[::2], flat[1::2]))
         values.append(_ref(step_kind, [None if r is None else values[r] for r in refs], step_attrs))
     return values[-1]
+
+
+@kind("StridedView", attrs={"shape": INTS.req, "strides": INTS.req, "offset": INT.req})
+def strided_view(inputs, attrs):
+    """A chain of layout layers (Transpose, Reshape, Squeeze, Gather of one index, ...) as one strided view of its
+    input's elements in row-major order: y[i] = x.flat[offset + Σ i_k · strides_k] (passes/collapse_views.py)."""
+    x = inputs[0].contiguous()
+    return x.as_strided(attrs["shape"], attrs["strides"], x.storage_offset() + attrs["offset"]).clone()

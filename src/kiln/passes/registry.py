@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
+from kiln.passes.collapse_views import collapse_views
 from kiln.passes.eliminate_common import eliminate_common
 from kiln.passes.eliminate_dead import eliminate_dead
 from kiln.passes.eliminate_identity import eliminate_identity
@@ -19,7 +20,9 @@ from kiln.passes.fuse_gemm_epilogue import fuse_gemm_epilogue
 from kiln.passes.fuse_layernorm import fuse_layernorm
 from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
 from kiln.passes.fuse_sibling_gemms import fuse_sibling_gemms
+from kiln.passes.gemm_rows import gemm_rows
 from kiln.passes.manager import BuildTarget, Pass
+from kiln.passes.sink_transpose import sink_transpose
 
 # Folding first (BatchNorm must be folded into its Conv before the conv epilogue is fused); the
 # decomposed-LayerNorm and attention patterns before the epilogue fusions that would take their
@@ -60,6 +63,11 @@ class Step:
 
 
 STEPS: list[Step] = [Step(p) for p in DEFAULT]
+
+# Layout, last of all (after the precision stage, so its quantization sees the graph as exported): GEMMs keep their
+# rows in memory order, then the layout layers between two kernels become one view where each step alone copies.
+LAYOUT_STEPS: list[Step] = [Step(p, Stage.PRECISION) for p in (sink_transpose, gemm_rows, collapse_views,
+                                                                eliminate_dead)]
 
 
 def select(steps: list[Step], target: BuildTarget, stage: Stage) -> list[Pass]:

@@ -1,5 +1,6 @@
-"""Layout layers as views: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Slice, Expand and Gather of one
-constant index return a view of their input (no kernel, no copy) when shapes and indices are known at build.
+"""Layout layers as views: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Slice, Expand, Gather of one
+constant index and StridedView return a view of their input (no kernel, no copy) when shapes and indices are
+known at build.
 
 Every consumer reads its inputs through strides (torch ops; the Triton kernels take strides or copy
 what they cannot read), the engine hands back contiguous outputs, and no kernel writes into its inputs,
@@ -114,10 +115,26 @@ def _compile_gather(spec: LayerSpec, config, device):
     return lambda inputs: [inputs[0].select(axis, index)]
 
 
+def _supports_strided(spec: LayerSpec, device) -> str | None:
+    return _plain(spec)
+
+
+def _compile_strided(spec: LayerSpec, config, device):
+    """StridedView: a view of a contiguous input; an input in another layout is made contiguous first (a copy)."""
+    shape, strides, offset = spec.attrs["shape"], spec.attrs["strides"], spec.attrs["offset"]
+
+    def run(inputs):
+        x = inputs[0].contiguous()
+        return [x.as_strided(shape, strides, x.storage_offset() + offset)]
+
+    return run
+
+
 for _name, _kinds, _compile, _supports in (
         ("view_reshape", ("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _compile_reshape, _supports_reshape),
         ("view_transpose", ("Transpose",), _compile_transpose, _supports_transpose),
         ("view_expand", ("Expand",), _compile_expand, _supports_expand),
         ("view_slice", ("Slice",), _compile_slice, _supports_slice),
-        ("view_gather", ("Gather",), _compile_gather, _supports_gather)):
+        ("view_gather", ("Gather",), _compile_gather, _supports_gather),
+        ("view_strided", ("StridedView",), _compile_strided, _supports_strided)):
     register(Tactic(_name, _kinds, _compile, _supports, priority=0, untimed=True))
