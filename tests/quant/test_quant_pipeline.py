@@ -6,7 +6,7 @@ import importlib
 import numpy as np
 
 from kiln.passes import BuildTarget, default_passes
-from kiln.passes.registry import Stage
+from kiln.passes.registry import LAYOUT_STEPS, Stage
 from kiln.quant.fold_quantize import fold_quantize
 from kiln.quant.fuse_conv_chain import fuse_conv_chain
 from kiln.quant.fuse_conv_pair import fuse_conv_pair
@@ -23,10 +23,11 @@ def test_float_passes_run_for_every_target_before_the_precision_ones():
 
 
 def test_precision_passes_are_gated_on_the_target():
-    assert build_passes(BuildTarget(), Stage.PRECISION) == []
-    assert build_passes(BuildTarget(int8_conv_kernels=True), Stage.PRECISION) == []  # a float build on Hopper
-    assert build_passes(BuildTarget(quantized=True), Stage.PRECISION) == [fold_quantize]
-    assert build_passes(HOPPER, Stage.PRECISION) == [fold_quantize, fuse_conv_pair, fuse_conv_chain]
+    layout = [s.run for s in LAYOUT_STEPS]  # every build, last
+    assert build_passes(BuildTarget(), Stage.PRECISION) == layout
+    assert build_passes(BuildTarget(int8_conv_kernels=True), Stage.PRECISION) == layout  # a float build on Hopper
+    assert build_passes(BuildTarget(quantized=True), Stage.PRECISION) == [fold_quantize, *layout]
+    assert build_passes(HOPPER, Stage.PRECISION) == [fold_quantize, fuse_conv_pair, fuse_conv_chain, *layout]
 
 
 def test_the_builder_s_target_for_a_cpu_build():

@@ -18,34 +18,8 @@ from pathlib import Path
 SNAPSHOT = Path(__file__).with_name("quant_tactic_table.json")
 FLAGS = ("backends", "untimed", "arch_specific", "card_specific", "writes_out", "fresh")
 
-# function names in the snapshot -> their names since issue 26 part 3 (the same functions, made public)
-RENAMED = {f"kiln.tactics.{module}:{old}": f"kiln.tactics.{module}:{new}" for module, names in {
-    "triton_int8": {"_configs": "gemm_configs", "_compile": "compile_gemm"},
-    "triton_int8_tma": {
-        "_configs": "gemm_configs", "_compile": "compile_gemm", "_conv_configs": "conv_configs",
-        "_compile_conv": "compile_conv",
-    },
-    "triton_int8_conv": {"_conv_only": "conv_only", "_configs": "conv_configs", "_compile": "compile_conv"},
-    "torch_int8": {"_compile": "compile_int_mm", "_supports": "supports_int_mm"},
-    "torch_scaled_mm": {"_compile": "compile_scaled_mm", "_supports": "supports_scaled_mm"},
-    "triton_int8_wgmma": {
-        "_compile": "compile_gemm", "_supports": "supports_gemm", "_configs": "gemm_configs",
-        "_compile_conv": "compile_conv", "_supports_conv": "supports_conv", "_conv_configs": "conv_configs",
-        "_compile_halo": "compile_halo", "_supports_halo": "supports_halo", "_halo_configs": "halo_configs",
-    },
-    "triton_int8_s2d": {
-        "_reason": "s2d_reason", "_configs": "conv_configs", "_compile": "compile_conv",
-        "_supports_halo": "supports_halo", "_halo_configs": "halo_configs", "_compile_halo": "compile_halo",
-    },
-    "triton_int8_pair": {
-        "_supports": "supports_pair", "_compile": "compile_split", "_supports_wgmma": "supports_wgmma",
-        "_wgmma_configs": "wgmma_configs", "_compile_wgmma": "compile_wgmma",
-    },
-    "triton_int8_chain": {
-        "_supports": "supports_chain", "_compile": "compile_split", "_supports_wgmma": "supports_wgmma",
-        "_wgmma_configs": "wgmma_configs", "_compile_wgmma": "compile_wgmma",
-    },
-}.items() for old, new in names.items()}
+# function names in the snapshot -> their names now (empty: the snapshot was written with today's names)
+RENAMED: dict[str, str] = {}
 
 
 def _function(f) -> dict | str | None:
