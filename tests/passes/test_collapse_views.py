@@ -31,8 +31,9 @@ def _model(nodes, inits, x_shape, y_shape, first="Relu"):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def _head_split(index):
-    """torch's MHA export: packed [S, B, 3E] → q/k/v `index` → [B, H, S, D] through [S, B·H, D]."""
+def _head_split(index, s=S, b=B, h=H, d=D):
+    """torch's MHA export: packed [s, b, 3e] → q/k/v `index` → [b, h, s, d] through [s, b·h, d]."""
+    e = h * d
     nodes = [helper.make_node("Relu", ["x"], ["p"]),  # a kernel makes the source, contiguous
              helper.make_node("Reshape", ["p", "s1"], ["a"]),
              helper.make_node("Unsqueeze", ["a", "zero"], ["b"]),
@@ -42,9 +43,9 @@ def _head_split(index):
              helper.make_node("Reshape", ["e", "s2"], ["f"]),
              helper.make_node("Transpose", ["f"], ["g"], perm=[1, 0, 2]),
              helper.make_node("Reshape", ["g", "s3"], ["v"])]
-    inits = [_ints("s1", [S, B, 3, E]), _ints("zero", [0]), _ints("three", [3]), _ints("idx", index),
-             _ints("s2", [S, B * H, D]), _ints("s3", [B, H, S, D])]
-    return _model(nodes, inits, [S, B, 3 * E], [B, H, S, D])
+    inits = [_ints("s1", [s, b, 3, e]), _ints("zero", [0]), _ints("three", [3]), _ints("idx", index),
+             _ints("s2", [s, b * h, d]), _ints("s3", [b, h, s, d])]
+    return _model(nodes, inits, [s, b, 3 * e], [b, h, s, d])
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
@@ -60,6 +61,16 @@ def test_head_split_becomes_one_view(index):
     assert_same_outputs(before, after, feeds, rtol=0, atol=0)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_array_equal(run(after, feeds)["y"], want)
+
+
+@pytest.mark.parametrize("sizes", [(3, 5, 4, 2, -1), (7, 2, 2, 3, 0), (2, 3, 3, 5, 1), (1, 4, 2, 8, 2)])
+def test_head_splits_of_other_sizes(sizes):
+    s, b, h, d, index = sizes
+    before = imported(_head_split(index, s, b, h, d))
+    after, _ = apply(before, collapse_views, eliminate_dead)
+    assert kinds(after) == ["Relu", "StridedView", "Relu"]
+    feeds = {"x": rng.standard_normal((s, b, 3 * h * d)).astype(np.float32)}
+    assert_same_outputs(before, after, feeds, rtol=0, atol=0)
 
 
 def _two_step(perm, shape, y_shape):
@@ -134,3 +145,59 @@ def test_multihead_attention_export_collapses_and_matches_onnxruntime(tmp_path):
     feeds = {"x": rng.standard_normal((B, S, E)).astype(np.float32)}
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(engine.create_context().run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def _random_chain(r: np.random.Generator):
+    """A random chain of Transpose / Reshape / Gather / Unsqueeze / Squeeze layers over a [4, 6, 6] source."""
+    shape, nodes, inits, op = [4, 6, 6], [helper.make_node("Relu", ["x"], ["t0"])], [], ""
+    for i in range(int(r.integers(2, 6))):
+        # a Reshape mostly follows a Transpose: the steps that copy alone (the head split's pattern)
+        op = "Reshape" if op == "Transpose" and r.random() < 0.8 else \
+            str(r.choice(["Transpose", "Reshape", "Gather", "Unsqueeze", "Squeeze"]))
+        src, dst = f"t{i}", f"t{i + 1}"
+        if op == "Gather" and len(shape) > 1:
+            axis = int(r.integers(len(shape)))
+            inits.append(_ints(f"i{i}", int(r.integers(-shape[axis], shape[axis]))))
+            nodes.append(helper.make_node("Gather", [src, f"i{i}"], [dst], axis=axis))
+            shape = shape[:axis] + shape[axis + 1:]
+        elif op == "Unsqueeze":
+            axis = int(r.integers(len(shape) + 1))
+            inits.append(_ints(f"a{i}", [axis]))
+            nodes.append(helper.make_node("Unsqueeze", [src, f"a{i}"], [dst]))
+            shape = shape[:axis] + [1] + shape[axis:]
+        elif op == "Squeeze" and 1 in shape:
+            axis = shape.index(1)
+            inits.append(_ints(f"a{i}", [axis]))
+            nodes.append(helper.make_node("Squeeze", [src, f"a{i}"], [dst]))
+            shape = shape[:axis] + shape[axis + 1:]
+        elif op == "Reshape":
+            n, new = int(np.prod(shape)), []
+            while int(np.prod(new or [1])) < n:  # split the element count into random factors
+                rest = n // int(np.prod(new or [1]))
+                new.append(int(r.choice([d for d in range(1, rest + 1) if rest % d == 0 and (d > 1 or rest == 1)])))
+            inits.append(_ints(f"s{i}", new))
+            nodes.append(helper.make_node("Reshape", [src, f"s{i}"], [dst]))
+            shape = new
+        else:
+            perm = [int(p) for p in r.permutation(len(shape))]
+            nodes.append(helper.make_node("Transpose", [src], [dst], perm=perm))
+            shape = [shape[p] for p in perm]
+    last = len(nodes) - 1
+    nodes.append(helper.make_node("Neg", [f"t{last}"], ["y"]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [4, 6, 6])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, shape)], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_random_chains_keep_their_values():
+    """Whatever random layout chains become (most stay: they are views step by step, or no view at all), the outputs
+    stay exactly the unrewritten network's and onnxruntime's; the head-split tests above cover the rewrite itself."""
+    r = np.random.default_rng(7)
+    feeds = {"x": rng.standard_normal((4, 6, 6)).astype(np.float32)}
+    for _ in range(80):
+        model = _random_chain(r)
+        before = imported(model)
+        after, _ = apply(before, collapse_views, eliminate_dead)
+        assert_same_outputs(before, after, feeds, rtol=0, atol=0)
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        np.testing.assert_array_equal(run(after, feeds)["y"], want[0])
