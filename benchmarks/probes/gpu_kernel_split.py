@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 import kiln
 from benchmarks.models import SPECS, instantiate, onnx_file
 from benchmarks.peers import prepare, runner
-from benchmarks.probes.harness import event_ms, parser, write_json
+from benchmarks.probes.harness import event_ms, model_rows, rows_parser
 
 CATEGORIES = (("attention", r"flash|fmha|attention|_attn|sdpa"),
               ("gemm", r"gemm|cutlass|xmma|nvjet|sm90|wgmma|matmul|_mm_|cublas"),
@@ -67,32 +67,24 @@ def row(name: str, batch: int, cache: Path) -> dict:
     out = {"model": name, "batch": batch, "build_s": time.perf_counter() - start}
     ctx = engine.create_context()
     out["kiln"] = split(lambda: ctx.run(feeds)) | {"event_ms": event_ms(lambda: ctx.run(feeds), iters=50, warmup=5)}
-    model, args = prepare(made.module, inputs, "fp16", "cuda", spec.channels_last)
-    for peer in ("eager", "reduce-overhead"):
-        call, _ = runner(peer, model, args)
-        for _ in range(3):
-            call()
+    for peer, call in torch_peers(spec, made, inputs).items():
         out[peer] = split(call) | {"event_ms": event_ms(call, iters=50, warmup=5)}
     return out
 
 
+def torch_peers(spec, made, inputs: dict) -> dict:
+    """Eager and reduce-overhead fp16 calls of the suite model on `inputs` (CNNs channels_last), each run thrice."""
+    model, args = prepare(made.module, inputs, "fp16", "cuda", spec.channels_last)
+    calls = {peer: runner(peer, model, args)[0] for peer in ("eager", "reduce-overhead")}
+    for call in calls.values():
+        for _ in range(3):
+            call()
+    return calls
+
+
 def main() -> None:
-    ap = parser(__doc__, required=True, out_help="folder for kernel-split.json")
-    ap.add_argument("--rows", default="vit_b_16:64,bert:64,mobilenet_v2:64")
-    ap.add_argument("--cache", type=Path, default=Path(".kiln-cache/benchmarks"))
-    ap.add_argument("--budget-seconds", type=float, default=400)
-    args = ap.parse_args()
-    start, rows = time.perf_counter(), []
-    for item in args.rows.split(","):
-        if time.perf_counter() - start > args.budget_seconds:
-            rows.append({"row": item, "skipped": "over the time budget"})
-            continue
-        name, batch = item.split(":")
-        try:
-            rows.append(row(name, int(batch), args.cache))
-        except Exception as e:  # noqa: BLE001 - a probe reports, it does not stop
-            rows.append({"row": item, "error": f"{type(e).__name__}: {e}"[:500]})
-        write_json(args.out / "kernel-split.json", {"rows": rows})
+    args = rows_parser(__doc__, "vit_b_16:64,bert:64,mobilenet_v2:64", 400).parse_args()
+    rows = model_rows(args, row, args.out / "kernel-split.json")
     for r in rows:
         if "kiln" not in r:
             print(r)

@@ -16,9 +16,8 @@ import torch
 
 import kiln
 from benchmarks.models import SPECS, instantiate, onnx_file
-from benchmarks.peers import prepare, runner
-from benchmarks.probes.gpu_kernel_split import split
-from benchmarks.probes.harness import event_ms, parser, write_json
+from benchmarks.probes.gpu_kernel_split import split, torch_peers
+from benchmarks.probes.harness import event_ms, model_rows, rows_parser
 from kiln.passes.registry import LAYOUT_STEPS
 from kiln.quant import pipeline
 
@@ -55,35 +54,18 @@ def row(name: str, batch: int, cache: Path) -> dict:
         out[key] = {"build_s": seconds, "layers": len(kinds), "strided_views": kinds.count("StridedView"),
                     "ms": event_ms(lambda: ctx.run(feeds), iters=100, warmup=20)} | split(lambda: ctx.run(feeds))
     out["max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(*outputs.values()))
-    model, args = prepare(made.module, inputs, "fp16", "cuda", spec.channels_last)
-    for peer in ("eager", "reduce-overhead"):
-        call, _ = runner(peer, model, args)
+    for peer, call in torch_peers(spec, made, inputs).items():
         out[peer] = {"ms": event_ms(call, iters=100, warmup=20)}
     best = min(out["eager"]["ms"], out["reduce-overhead"]["ms"])
     for key in ("without_layout", "with_layout"):
         out[key]["best_torch_over_kiln"] = best / out[key]["ms"]
-    del model
     torch.cuda.empty_cache()
     return out
 
 
 def main() -> None:
-    ap = parser(__doc__, required=True, out_help="folder for layout-ab.json")
-    ap.add_argument("--rows", default="vit_b_16:64,vit_b_16:1,bert:64,minilm:64")
-    ap.add_argument("--cache", type=Path, default=Path(".kiln-cache/benchmarks"))
-    ap.add_argument("--budget-seconds", type=float, default=420)
-    args = ap.parse_args()
-    start, rows = time.perf_counter(), []
-    for item in args.rows.split(","):
-        if time.perf_counter() - start > args.budget_seconds:
-            rows.append({"row": item, "skipped": "over the time budget"})
-            continue
-        name, batch = item.split(":")
-        try:
-            rows.append(row(name, int(batch), args.cache))
-        except Exception as e:  # noqa: BLE001 - a probe reports, it does not stop
-            rows.append({"row": item, "error": f"{type(e).__name__}: {e}"[:800]})
-        write_json(args.out / "layout-ab.json", {"rows": rows})
+    args = rows_parser(__doc__, "vit_b_16:64,vit_b_16:1,bert:64,minilm:64", 420).parse_args()
+    rows = model_rows(args, row, args.out / "layout-ab.json")
     for r in rows:
         if "with_layout" not in r:
             print(r)

@@ -8,13 +8,12 @@ Writes DIR/profile-rows.json; prints the top kinds of each row last.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 
 import kiln
 from benchmarks.models import SPECS, instantiate, onnx_file
-from benchmarks.probes.harness import event_ms, parser, write_json
+from benchmarks.probes.harness import event_ms, model_rows, rows_parser
 from kiln.bench.profile import profile_layers
 
 
@@ -38,23 +37,9 @@ def profile_row(name: str, batch: int, cache: Path) -> dict:
 
 
 def main() -> None:
-    ap = parser(__doc__, required=True, out_help="folder for profile-rows.json")
-    ap.add_argument("--rows", default="mobilenet_v2:64,vit_b_16:64,bert:1,resnet50:1")
-    ap.add_argument("--cache", type=Path, default=Path(".kiln-cache/benchmarks"))
-    ap.add_argument("--budget-seconds", type=float, default=200)
-    args = ap.parse_args()
+    args = rows_parser(__doc__, "mobilenet_v2:64,vit_b_16:64,bert:1,resnet50:1", 200).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    start, rows = time.perf_counter(), []
-    for item in args.rows.split(","):
-        if time.perf_counter() - start > args.budget_seconds:
-            rows.append({"row": item, "skipped": "over the time budget"})
-            continue
-        name, batch = item.split(":")
-        try:
-            rows.append(profile_row(name, int(batch), args.cache))
-        except Exception as e:  # noqa: BLE001 - a profile reports, it does not stop
-            rows.append({"row": item, "error": f"{type(e).__name__}: {e}"[:500]})
-        write_json(args.out / "profile-rows.json", {"rows": rows})
+    rows = model_rows(args, profile_row, args.out / "profile-rows.json")
     for r in rows:
         if "by_kind" not in r:
             print(r)

@@ -164,3 +164,30 @@ class Budget:
 
     def log(self, msg: str) -> None:
         print(f"[{self.elapsed:6.1f} s] {msg}", flush=True)
+
+
+def rows_parser(doc: str | None, rows: str, budget_seconds: float) -> argparse.ArgumentParser:
+    """The arguments of a probe over suite rows: --out (a folder), --rows "model:batch,...", --cache, and
+    --budget-seconds (after which the remaining rows are skipped)."""
+    ap = parser(doc, required=True, out_help="folder for the probe's JSON")
+    ap.add_argument("--rows", default=rows)
+    ap.add_argument("--cache", type=Path, default=Path(".kiln-cache/benchmarks"))
+    ap.add_argument("--budget-seconds", type=float, default=budget_seconds)
+    return ap
+
+
+def model_rows(args, fn: Callable[[str, int, Path], dict], out: Path) -> list[dict]:
+    """For each "model:batch" of `args.rows`: `fn(model, batch, args.cache)`, skipped once `args.budget_seconds`
+    have passed, an exception recorded as the row's "error"; all rows rewritten to `out` after each."""
+    start, rows = time.perf_counter(), []
+    for item in args.rows.split(","):
+        if time.perf_counter() - start > args.budget_seconds:
+            rows.append({"row": item, "skipped": "over the time budget"})
+            continue
+        name, batch = item.split(":")
+        try:
+            rows.append(fn(name, int(batch), args.cache))
+        except Exception as e:  # noqa: BLE001 - a probe reports, it does not stop
+            rows.append({"row": item, "error": f"{type(e).__name__}: {e}"[:800]})
+        write_json(out, {"rows": rows})
+    return rows
