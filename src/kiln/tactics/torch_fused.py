@@ -53,25 +53,36 @@ def _plain(spec: LayerSpec, n_inputs: int) -> LayerSpec:
                      spec.precision, spec.tf32)
 
 
+def _relu_then(spec: LayerSpec) -> float | None | bool:
+    """For an activation that is ReLU followed by a min: the min's bound (None: plain ReLU); False otherwise.
+    Clip(0, hi), ReLU6 among them, is ReLU then min(·, hi)."""
+    a = spec.attrs
+    if a["activation"] == "Relu":
+        return None
+    lo, hi = (list(a["activation_params"]) + [None, None])[:2] if a["activation"] == "Clip" else (None, None)
+    return hi if a["activation"] == "Clip" and lo == 0.0 else False
+
+
 def _conv_configs(spec: LayerSpec, device, level: int):
-    """Both layouts; with a ReLU epilogue on a 2-D conv also cuDNN's fused conv+bias(+add)+ReLU kernel."""
+    """Both layouts; with a ReLU (or ReLU6 / Clip(0, hi)) epilogue on a 2-D conv also cuDNN's fused
+    conv+bias(+add)+ReLU kernel (the bias in cuDNN's epilogue, not a pass of its own; a Clip's bound after it)."""
     configs = torch_conv.cudnn_configs(spec, device, level)
     a = spec.attrs
     n = len(a["kernel_shape"])
-    if (a["activation"] == "Relu" and n == 2 and a["pads"][:n] == a["pads"][n:]
+    if (_relu_then(spec) is not False and n == 2 and a["pads"][:n] == a["pads"][n:]
             and hasattr(torch, "cudnn_convolution_relu")):
         configs += [dict(c, epilogue="cudnn") for c in configs]
     return configs
 
 
 def _compile_cudnn_epilogue(spec: LayerSpec, config, device):
-    """One cuDNN call: act(conv(x, w) + bias (+ r)), for ReLU."""
+    """One cuDNN call: relu(conv(x, w) + bias (+ r)), then min(·, hi) in place for Clip(0, hi)."""
     a = spec.attrs
     fmt = torch.channels_last if config.get("layout") == "nhwc" else torch.contiguous_format
     w = spec.inputs[1].const.contiguous(memory_format=fmt)
     b = spec.inputs[2].const if len(spec.inputs) > 2 and spec.inputs[2] is not None else None
     stride, pad, dil, groups, allow = a["strides"], a["pads"][:2], a["dilations"], a["group"], spec.tf32
-    residual = bool(a.get("residual"))
+    residual, hi = bool(a.get("residual")), _relu_then(spec)
 
     def run(inputs):
         x = inputs[0].contiguous(memory_format=fmt)
@@ -79,8 +90,10 @@ def _compile_cudnn_epilogue(spec: LayerSpec, config, device):
         with tf32(allow):
             if residual:
                 z = inputs[3].contiguous(memory_format=fmt)
-                return [torch.cudnn_convolution_add_relu(x, w, z, 1.0, bias, stride, pad, dil, groups)]
-            return [torch.cudnn_convolution_relu(x, w, bias, stride, pad, dil, groups)]
+                y = torch.cudnn_convolution_add_relu(x, w, z, 1.0, bias, stride, pad, dil, groups)
+            else:
+                y = torch.cudnn_convolution_relu(x, w, bias, stride, pad, dil, groups)
+        return [y if hi is None else y.clamp_max_(hi)]
 
     return run
 
