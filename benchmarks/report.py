@@ -129,6 +129,12 @@ def _remarks(results: Results, notes: list[str]) -> list[str]:
             out.append(f"- run of {run['started']}: the budget of {run['budget_seconds']} s ran out; "
                        f"{run['skipped_rows']} row(s) and {run['skipped_peers']} peer measurement(s) skipped")
     for r in results["rows"]:
+        phases = (r.get("kiln") or {}).get("build_phases")
+        if phases:  # issue 27 target 2: where each build's seconds went, its three largest phases
+            top = sorted(phases.items(), key=lambda kv: -kv[1])[:3]
+            out.append(f"- {r['model']} b{r['batch']} {r['precision']} build: "
+                       + ", ".join(f"{name} {sec:.1f} s" for name, sec in top))
+    for r in results["rows"]:
         if r.get("flops_uncounted"):
             out.append(f"- {r['model']} b{r['batch']}: FLOPs exclude {len(r['flops_uncounted'])} node(s) with "
                        f"unknown shapes: {', '.join(r['flops_uncounted'][:5])}")

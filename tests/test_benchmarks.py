@@ -42,6 +42,8 @@ def test_suite_end_to_end_on_cpu(tmp_path):
     assert row["speedup_vs_best_peer"] == pytest.approx(eager_ms / kiln_ms)
     assert row["kiln"]["items_per_s"] == pytest.approx(1e3 / kiln_ms)
     assert row["kiln"]["build_seconds"] > 0
+    phases = row["kiln"]["build_phases"]
+    assert phases["load"] > 0 and sum(phases.values()) <= row["kiln"]["build_seconds"] * 1.01
     acc = row["kiln"]["accuracy"]["logits"]
     assert acc["cosine"] > 0.9999 and acc["max_rel_err"] < 1e-4  # fp32 on the CPU: the same torch kernels
 
@@ -59,6 +61,8 @@ def test_suite_end_to_end_on_cpu(tmp_path):
     md = next((tmp_path / "out").glob("cpu-*.md")).read_text()
     assert "| mobilenet_v2 | 1 | fp32 |" in md and f"{row['speedup_vs_best_peer']:.2f}×" in md
     assert "without max-autotune" in md and "mobilenet_v2 (b1 fp32)" in md
+    top = max(phases, key=phases.get)
+    assert f"- mobilenet_v2 b1 fp32 build: {top} {phases[top]:.1f} s" in md
     if torchvision_missing:
         assert "**fallback**" in md
 
