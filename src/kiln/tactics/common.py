@@ -31,14 +31,22 @@ def first(out: list | None):
     return out[0] if out else None
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+           gelu: bool = False) -> torch.Tensor:
     """F.linear(x, w, bias) (cuBLASLt, bias epilogue), written into `out`'s bytes when given (mm / addmm out=,
-    the same cuBLAS path F.linear takes); a bias that is not one value per column takes F.linear's own memory."""
-    if out is None or (bias is not None and bias.dim() != 1) or x.dim() < 2:
+    the same cuBLAS path F.linear takes); a bias that is not one value per column takes F.linear's own memory.
+    `gelu`: gelu(x @ wᵀ + bias) in the same call (cuBLASLt's GELU_BIAS epilogue: the tanh approximation; needs
+    a [N] bias)."""
+    if not gelu and (out is None or (bias is not None and bias.dim() != 1) or x.dim() < 2):
         return F.linear(x, w, bias)
     x2 = x.reshape(-1, x.shape[-1])
     y = take(out, (x2.shape[0], w.shape[0]), x.dtype, x.device)
-    torch.mm(x2, w.t(), out=y) if bias is None else torch.addmm(bias, x2, w.t(), out=y)
+    if gelu:
+        torch._addmm_activation(bias, x2, w.t(), use_gelu=True, out=y)
+    elif bias is None:
+        torch.mm(x2, w.t(), out=y)
+    else:
+        torch.addmm(bias, x2, w.t(), out=y)
     return y.view(*x.shape[:-1], w.shape[0])
 
 

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from kiln.ir import DType
 from kiln.kernels import quantize
-from kiln.kernels.out_buffer import take
 from kiln.tactics import torch_conv
 from kiln.tactics.int8_lowering import fp8_device_reason
 from kiln.tactics.common import first, float_io, linear, rank, rowwise, tf32
@@ -128,14 +127,6 @@ def _gemm_configs(spec: LayerSpec, device, level: int):
     return configs
 
 
-def _gelu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """gelu(x @ wᵀ + bias) in one cuBLASLt call (epilogue GELU_BIAS), into `out`'s bytes when given."""
-    x2 = x.reshape(-1, x.shape[-1])
-    y = take(out, (x2.shape[0], w.shape[0]), x.dtype, x.device)
-    torch._addmm_activation(bias, x2, w.t(), use_gelu=True, out=y)
-    return y.view(*x.shape[:-1], w.shape[0])
-
-
 def _compile_gemm(spec: LayerSpec, config, device):
     w = spec.inputs[1].const
     w = (w if spec.attrs["trans_b"] else w.t()).contiguous()  # [N, K]
@@ -146,7 +137,7 @@ def _compile_gemm(spec: LayerSpec, config, device):
 
         def run_gelu(inputs, out=None):
             bias = b if b is not None else (inputs[2] if len(inputs) > 2 else zero)
-            return [rowwise(lambda x: _gelu_linear(x, w, bias.reshape(-1), first(out)), inputs[0])]
+            return [rowwise(lambda x: linear(x, w, bias.reshape(-1), first(out), gelu=True), inputs[0])]
 
         return run_gelu
 

@@ -39,7 +39,7 @@ def _ints(spec: LayerSpec, i: int) -> list[int] | None:
     return None if v is None else [int(x) for x in v.const.reshape(-1).tolist()]
 
 
-def _supports_reshape(spec: LayerSpec, device) -> str | None:
+def _supports_static(spec: LayerSpec, device) -> str | None:
     return _plain(spec)
 
 
@@ -115,10 +115,6 @@ def _compile_gather(spec: LayerSpec, config, device):
     return lambda inputs: [inputs[0].select(axis, index)]
 
 
-def _supports_strided(spec: LayerSpec, device) -> str | None:
-    return _plain(spec)
-
-
 def _compile_strided(spec: LayerSpec, config, device):
     """StridedView: a view of a contiguous input; an input in another layout is made contiguous first (a copy)."""
     shape, strides, offset = spec.attrs["shape"], spec.attrs["strides"], spec.attrs["offset"]
@@ -131,10 +127,10 @@ def _compile_strided(spec: LayerSpec, config, device):
 
 
 for _name, _kinds, _compile, _supports in (
-        ("view_reshape", ("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _compile_reshape, _supports_reshape),
+        ("view_reshape", ("Reshape", "Flatten", "Squeeze", "Unsqueeze"), _compile_reshape, _supports_static),
         ("view_transpose", ("Transpose",), _compile_transpose, _supports_transpose),
         ("view_expand", ("Expand",), _compile_expand, _supports_expand),
         ("view_slice", ("Slice",), _compile_slice, _supports_slice),
         ("view_gather", ("Gather",), _compile_gather, _supports_gather),
-        ("view_strided", ("StridedView",), _compile_strided, _supports_strided)):
+        ("view_strided", ("StridedView",), _compile_strided, _supports_static)):
     register(Tactic(_name, _kinds, _compile, _supports, priority=0, untimed=True))
