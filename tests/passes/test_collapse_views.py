@@ -201,3 +201,37 @@ def test_random_chains_keep_their_values():
         assert_same_outputs(before, after, feeds, rtol=0, atol=0)
         want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
         np.testing.assert_array_equal(run(after, feeds)["y"], want[0])
+
+
+def _dense_offsets(net, chain) -> torch.Tensor:
+    """The chain applied to the source's element numbers by the layers' references: which element each output is."""
+    from kiln.kinds import run_reference
+
+    shape = net.tensors[chain[0].inputs[0]].shape
+    o = torch.arange(int(np.prod(shape))).reshape(shape)
+    for layer in chain:
+        o = run_reference(layer.kind, [o, *(net.constants[i] if i else None for i in layer.inputs[1:])], layer.attrs)[0]
+    return o
+
+
+def test_the_factor_algebra_agrees_with_the_elements():
+    """On random chains: where _affine finds a view, it picks exactly the elements the layers pick; where it finds
+    none, no strided view picks them (the element numbers are not one stride per dim)."""
+    from kiln.passes.collapse_views import _affine, _chain
+
+    r, found = np.random.default_rng(11), 0
+    for _ in range(150):
+        net = imported(_random_chain(r))
+        chain = _chain(net, [l for l in net.layers if l.kind != "Neg"][-1], net.producers())
+        o, view = _dense_offsets(net, chain), _affine(net, chain)
+        if view is not None:
+            found += 1
+            source = torch.arange(int(np.prod(net.tensors[chain[0].inputs[0]].shape)))
+            picked = source.as_strided(view["shape"], view["strides"], view["offset"])
+            assert torch.equal(picked, o)
+            continue
+        steps = [int(o.select(k, 1).reshape(-1)[0] - o.reshape(-1)[0]) if n > 1 else 0 for k, n in enumerate(o.shape)]
+        grid = sum(torch.arange(n).reshape([n if j == k else 1 for j in range(o.dim())]) * st
+                   for k, (n, st) in enumerate(zip(o.shape, steps))) + o.reshape(-1)[0]
+        assert not torch.equal(o, grid.expand(o.shape) if o.dim() else grid)
+    assert found > 50

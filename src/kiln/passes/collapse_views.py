@@ -6,7 +6,7 @@
 torch.nn.MultiheadAttention's export splits the heads through [S, B·H, D], which is no view of the packed
 projection, though the whole chain is one: each step alone copies, the chain as one does not. Only for static
 shapes, a source that its producer writes contiguous, a chain the view tactics would copy somewhere, and a
-composite that is an affine map of the source's row-major elements (checked exactly, element by element).
+composite that is an affine map of the source's row-major elements (found exactly from the dims' factors).
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ import math
 import torch
 
 from kiln.ir import Layer, Network
-from kiln.kinds import run_reference
 from kiln.passes.manager import PassContext
 
 CHAIN = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Gather", "StridedView")
 # producers whose outputs may be views in another layout at run time: a chain from them is left alone
 NOT_CONTIGUOUS = ("Slice", "Expand", "FusedAttention")
-MAX_ELEMENTS = 1 << 26  # the exact check builds the source's element numbers: above this, leave the chain
 
 
 def _link(net: Network, layer: Layer) -> bool:
@@ -69,29 +67,68 @@ def _copies(net: Network, chain: list[Layer]) -> bool:
     return False
 
 
+def _regroup(dims: list[list[tuple[int, int]]], shape: tuple) -> list[list[tuple[int, int]]] | None:
+    """The (size, stride) factors of `dims` regrouped into dims of `shape`, row-major: factors that are one run of
+    the source merged first, a factor split where a dim ends inside it; None where no split fits."""
+    factors: list[tuple[int, int]] = []
+    for n, stride in (f for d in dims for f in d if f[0] != 1):
+        if factors and factors[-1][1] == n * stride:  # one run of the source: merge, so any split of it fits
+            factors[-1] = (factors[-1][0] * n, stride)
+        else:
+            factors.append((n, stride))
+    out = []
+    for size in shape:
+        mine, need = [], size
+        while need > 1:
+            if not factors:
+                return None
+            n, stride = factors[0]
+            if n <= need and need % n == 0:
+                mine.append(factors.pop(0))
+                need //= n
+            elif n > need and n % need == 0:  # the dim takes the outer digits of this factor
+                mine.append((need, stride * (n // need)))
+                factors[0] = (n // need, stride)
+                need = 1
+            else:
+                return None
+        out.append(mine)
+    return out if not factors else None
+
+
 def _affine(net: Network, chain: list[Layer]) -> dict | None:
-    """{shape, strides, offset} of the chain as one strided view of its source's row-major elements, or None."""
+    """{shape, strides, offset} of the chain as one strided view of its source's row-major elements, or None.
+
+    Exact, without touching elements: every dim is tracked as the (size, stride) factors of the source it
+    enumerates, row-major; a Reshape regroups the factors, a Transpose permutes the dims, a Gather fixes one dim's
+    digits into the offset. The chain is one view when each output dim's factors coalesce to a single stride."""
     shape = net.tensors[chain[0].inputs[0]].shape
-    n = math.prod(shape)
-    if n == 0 or n > MAX_ELEMENTS:
-        return None
-    o = torch.arange(n, dtype=torch.int64).reshape(shape)
+    dims = [[(n, s)] for n, s in zip(shape, torch.empty(shape, device="meta").stride())]
+    offset = 0
     for layer in chain:
-        consts = [net.constants[i] if i else None for i in layer.inputs[1:]]
-        o = run_reference(layer.kind, [o, *consts], layer.attrs)[0]
-    if o.numel() == 0:
-        return None
-    base = int(o.reshape(-1)[0])
-    strides = list(torch.empty(o.shape, device="meta").stride())
-    expected = torch.full([1] * o.dim(), base, dtype=torch.int64)
-    for k, size in enumerate(o.shape):
-        if size > 1:
-            strides[k] = int(o.select(k, 1).reshape(-1)[0]) - base
-            along = [size if j == k else 1 for j in range(o.dim())]
-            expected = expected + torch.arange(size).reshape(along) * strides[k]
-    if min(strides, default=0) < 0 or not torch.equal(o, expected.expand(o.shape)):
-        return None
-    return {"shape": list(o.shape), "strides": strides, "offset": base}
+        a = layer.attrs
+        if layer.kind == "Transpose":
+            dims = [dims[p] for p in (a.get("perm") or range(len(dims))[::-1])]
+        elif layer.kind == "Gather":
+            axis = a.get("axis", 0) % len(dims)
+            index = int(net.constants[layer.inputs[1]]) % net.tensors[layer.inputs[0]].shape[axis]
+            for n, stride in reversed(dims.pop(axis)):
+                offset, index = offset + index % n * stride, index // n
+        elif layer.kind == "StridedView":
+            return None  # a view of a view: left as it is
+        else:
+            dims = _regroup(dims, net.tensors[layer.outputs[0]].shape)
+            if dims is None:
+                return None
+    out_shape = [math.prod(n for n, _ in d) for d in dims]
+    strides = list(torch.empty(out_shape, device="meta").stride())
+    for k, factors in enumerate(dims):
+        factors = [f for f in factors if f[0] != 1]
+        if any(s1 != n2 * s2 for (_, s1), (n2, s2) in zip(factors, factors[1:])):
+            return None
+        if factors:
+            strides[k] = factors[-1][1]
+    return {"shape": out_shape, "strides": strides, "offset": offset}
 
 
 def _key(net: Network, chain: list[Layer]) -> tuple:
