@@ -17,9 +17,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import kiln
-from benchmarks.models import SPECS, instantiate, onnx_file
 from benchmarks.peers import prepare, runner
-from benchmarks.probes.harness import event_ms, model_rows, rows_parser
+from benchmarks.probes.harness import event_ms, model_rows, rows_parser, suite_row
 
 CATEGORIES = (("attention", r"flash|fmha|attention|_attn|sdpa"),
               ("gemm", r"gemm|cutlass|xmma|nvjet|sm90|wgmma|matmul|_mm_|cublas"),
@@ -55,11 +54,7 @@ def split(fn) -> dict:
 
 
 def row(name: str, batch: int, cache: Path) -> dict:
-    spec = SPECS[name]
-    made = instantiate(spec, spec.default_size)
-    path, _ = onnx_file(spec, made, spec.default_size, cache)
-    inputs = spec.inputs(batch, spec.default_size)
-    feeds = {k: v.cuda() for k, v in inputs.items()}
+    spec, made, path, inputs, feeds = suite_row(name, batch, cache)
     config = kiln.BuildConfig.with_shapes({k: tuple(v.shape) for k, v in feeds.items()}, device="cuda", fp16=True,
                                           timing_cache=str(cache / "split-timing.db"))
     start = time.perf_counter()
@@ -86,9 +81,6 @@ def main() -> None:
     args = rows_parser(__doc__, "vit_b_16:64,bert:64,mobilenet_v2:64", 400).parse_args()
     rows = model_rows(args, row, args.out / "kernel-split.json")
     for r in rows:
-        if "kiln" not in r:
-            print(r)
-            continue
         print(f"\n{r['model']} b{r['batch']} (kiln build {r['build_s']:.1f} s)")
         for who in ("kiln", "eager", "reduce-overhead"):
             d = r[who]

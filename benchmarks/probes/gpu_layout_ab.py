@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 
 import kiln
-from benchmarks.models import SPECS, instantiate, onnx_file
 from benchmarks.probes.gpu_kernel_split import split, torch_peers
-from benchmarks.probes.harness import event_ms, model_rows, rows_parser
+from benchmarks.probes.harness import event_ms, model_rows, rows_parser, suite_row
 from kiln.passes.registry import LAYOUT_STEPS
 from kiln.quant import pipeline
 
@@ -38,11 +37,7 @@ def _build(path: Path, feeds: dict, cache: Path, layout: bool):
 
 
 def row(name: str, batch: int, cache: Path) -> dict:
-    spec = SPECS[name]
-    made = instantiate(spec, spec.default_size)
-    path, _ = onnx_file(spec, made, spec.default_size, cache)
-    inputs = spec.inputs(batch, spec.default_size)
-    feeds = {k: v.cuda() for k, v in inputs.items()}
+    spec, made, path, inputs, feeds = suite_row(name, batch, cache)
     out: dict = {"model": name, "batch": batch}
     outputs = {}
     for layout in (False, True):
@@ -67,9 +62,6 @@ def main() -> None:
     args = rows_parser(__doc__, "vit_b_16:64,vit_b_16:1,bert:64,minilm:64", 420).parse_args()
     rows = model_rows(args, row, args.out / "layout-ab.json")
     for r in rows:
-        if "with_layout" not in r:
-            print(r)
-            continue
         a, b = r["without_layout"], r["with_layout"]
         print(f"{r['model']} b{r['batch']}: without {a['ms']:.3f} ms ({a['best_torch_over_kiln']:.2f}x), with "
               f"{b['ms']:.3f} ms ({b['best_torch_over_kiln']:.2f}x), {b['strided_views']} views, eager "

@@ -12,8 +12,7 @@ from pathlib import Path
 
 
 import kiln
-from benchmarks.models import SPECS, instantiate, onnx_file
-from benchmarks.probes.harness import event_ms, model_rows, rows_parser
+from benchmarks.probes.harness import event_ms, model_rows, rows_parser, suite_row
 from kiln.bench.profile import profile_layers
 
 
@@ -22,10 +21,7 @@ def graph_ms(ctx, feeds, n: int = 50) -> float:
 
 
 def profile_row(name: str, batch: int, cache: Path) -> dict:
-    spec = SPECS[name]
-    made = instantiate(spec, spec.default_size)
-    path, _ = onnx_file(spec, made, spec.default_size, cache)
-    feeds = {k: v.cuda() for k, v in spec.inputs(batch, spec.default_size).items()}
+    _, _, path, _, feeds = suite_row(name, batch, cache)
     config = kiln.BuildConfig.with_shapes({k: tuple(v.shape) for k, v in feeds.items()}, device="cuda", fp16=True,
                                           timing_cache=str(cache / "profile-timing.db"))
     engine = kiln.build(path, config)
@@ -41,9 +37,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = model_rows(args, profile_row, args.out / "profile-rows.json")
     for r in rows:
-        if "by_kind" not in r:
-            print(r)
-            continue
         print(f"\n{r['model']} b{r['batch']}: graph {r['graph_ms']:.3f} ms, "
               f"eager layer sum {r['eager_sum_ms']:.3f} ms, "
               f"{r['layers']} layers")

@@ -178,7 +178,8 @@ def rows_parser(doc: str | None, rows: str, budget_seconds: float) -> argparse.A
 
 def model_rows(args, fn: Callable[[str, int, Path], dict], out: Path) -> list[dict]:
     """For each "model:batch" of `args.rows`: `fn(model, batch, args.cache)`, skipped once `args.budget_seconds`
-    have passed, an exception recorded as the row's "error"; all rows rewritten to `out` after each."""
+    have passed, an exception recorded as the row's "error"; all rows rewritten to `out` after each. Prints the
+    rows that failed or were skipped and returns the measured ones."""
     start, rows = time.perf_counter(), []
     for item in args.rows.split(","):
         if time.perf_counter() - start > args.budget_seconds:
@@ -190,4 +191,18 @@ def model_rows(args, fn: Callable[[str, int, Path], dict], out: Path) -> list[di
         except Exception as e:  # noqa: BLE001 - a probe reports, it does not stop
             rows.append({"row": item, "error": f"{type(e).__name__}: {e}"[:800]})
         write_json(out, {"rows": rows})
-    return rows
+    for r in rows:
+        if "error" in r or "skipped" in r:
+            print(r)
+    return [r for r in rows if "error" not in r and "skipped" not in r]
+
+
+def suite_row(name: str, batch: int, cache: Path):
+    """(spec, made, onnx path, CPU inputs, CUDA feeds) of the suite model `name` at `batch`, at its default size."""
+    from benchmarks.models import SPECS, instantiate, onnx_file
+
+    spec = SPECS[name]
+    made = instantiate(spec, spec.default_size)
+    path, _ = onnx_file(spec, made, spec.default_size, cache)
+    inputs = spec.inputs(batch, spec.default_size)
+    return spec, made, path, inputs, {k: v.cuda() for k, v in inputs.items()}
