@@ -18,9 +18,9 @@ import torch
 from kiln.ir import Layer, Network
 from kiln.passes.manager import PassContext
 
-CHAIN = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Gather", "StridedView")
+CHAIN = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Gather")
 # producers whose outputs may be views in another layout at run time: a chain from them is left alone
-NOT_CONTIGUOUS = ("Slice", "Expand", "FusedAttention")
+NOT_CONTIGUOUS = ("Slice", "Expand", "StridedView", "FusedAttention")
 
 
 def _link(net: Network, layer: Layer) -> bool:
@@ -55,10 +55,6 @@ def _copies(net: Network, chain: list[Layer]) -> bool:
             x = x.permute(a.get("perm") or list(range(x.dim()))[::-1])
         elif layer.kind == "Gather":
             x = x.select(a.get("axis", 0), int(net.constants[layer.inputs[1]]))
-        elif layer.kind == "StridedView":
-            if not x.is_contiguous():
-                return True
-            x = x.as_strided(a["shape"], a["strides"], a["offset"])
         else:
             try:
                 x = x.view(net.tensors[layer.outputs[0]].shape)
@@ -114,8 +110,6 @@ def _affine(net: Network, chain: list[Layer]) -> dict | None:
             index = int(net.constants[layer.inputs[1]]) % net.tensors[layer.inputs[0]].shape[axis]
             for n, stride in reversed(dims.pop(axis)):
                 offset, index = offset + index % n * stride, index // n
-        elif layer.kind == "StridedView":
-            return None  # a view of a view: left as it is
         else:
             dims = _regroup(dims, net.tensors[layer.outputs[0]].shape)
             if dims is None:
