@@ -30,7 +30,7 @@ def test_bucket_bounds(lo, hi, n, want):
 def test_buckets_cover_the_range_once_and_hold_their_opt(lo, hi, n):
     p = {"x": ShapeRange((lo, 4), (hi, 4), (hi, 4)), "k": ShapeRange.fixed((2,))}
     bounds = bucket_bounds(lo, hi, n)
-    assert 1 <= len(bounds) <= n and bounds[0][0] == lo and bounds[-1][1] == hi
+    assert len(bounds) in range(1, n + 1) and bounds[0][0] == lo and bounds[-1][1] == hi
     assert all(a <= b for a, b in bounds) and all(b + 1 == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
     for batch in range(lo, min(hi, 2000) + 1):
         assert sum(a <= batch <= b for a, b in bounds) == 1

@@ -43,10 +43,10 @@ def _static(net: Network, name: str) -> tuple | None:
 
 def gemm_rows(net: Network, ctx: PassContext) -> bool:
     changed = False
-    consumers = net.consumers()
+    consumers, producers = net.consumers(), net.producers()
     for g in [l for l in net.layers if l.kind in ("Gemm", "FusedGemm")]:
         m = g.inputs[0]
-        r1, r2 = net.producers().get(m), single_consumer(net, g.outputs[0], consumers)
+        r1, r2 = producers.get(m), single_consumer(net, g.outputs[0], consumers)
         if r1 is None or r1.kind != "Reshape" or r2 is None or r2.kind != "Reshape" \
                 or single_consumer(net, m, consumers) is not g or g.inputs.count(m) != 1:
             continue
@@ -65,7 +65,7 @@ def gemm_rows(net: Network, ctx: PassContext) -> bool:
         g.kind, g.attrs, g.outputs = "FusedGemm", attrs, [r2.outputs[0]]
         g.origin += r2.origin
         net.layers.remove(r2)
-        consumers = net.consumers()
+        consumers, producers = net.consumers(), net.producers()
         ctx.record("gemm_rows.layers")
         changed = True
     return changed
