@@ -167,7 +167,7 @@ class Budget:
 
 
 def rows_parser(doc: str | None, rows: str, budget_seconds: float) -> argparse.ArgumentParser:
-    """The arguments of a probe over suite rows: --out (a folder), --rows "model:batch,...", --cache, and
+    """The arguments of a probe over suite rows: --out (a folder), --rows "model[@size]:batch,...", --cache, and
     --budget-seconds (after which the remaining rows are skipped)."""
     ap = parser(doc, required=True, out_help="folder for the probe's JSON")
     ap.add_argument("--rows", default=rows)
@@ -198,11 +198,14 @@ def model_rows(args, fn: Callable[[str, int, Path], dict], out: Path) -> list[di
 
 
 def suite_row(name: str, batch: int, cache: Path):
-    """(spec, made, onnx path, CPU inputs, CUDA feeds) of the suite model `name` at `batch`, at its default size."""
+    """(spec, made, onnx path, CPU inputs, CUDA feeds) of the suite model `name` at `batch`: at its default size,
+    or at SIZE (sequence or image side) when `name` is "model@SIZE"."""
     from benchmarks.models import SPECS, instantiate, onnx_file
 
+    name, _, size = name.partition("@")
     spec = SPECS[name]
-    made = instantiate(spec, spec.default_size)
-    path, _ = onnx_file(spec, made, spec.default_size, cache)
-    inputs = spec.inputs(batch, spec.default_size)
+    size = int(size) if size else spec.default_size
+    made = instantiate(spec, size)
+    path, _ = onnx_file(spec, made, size, cache)
+    inputs = spec.inputs(batch, size)
     return spec, made, path, inputs, {k: v.cuda() for k, v in inputs.items()}

@@ -72,6 +72,20 @@ def test_kernel(dtype, causal, mask):
     _check(attention.attention(*inputs, causal=bool(causal), config=SMALL), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("skv", [23, 32])
+@pytest.mark.parametrize("kind", ["add", "bool"])
+def test_key_padding_mask(dtype, skv, kind):
+    """A (B, 1, 1, Skv) mask is read as one vector per key tile; Skv 32 takes the unmasked key loads (two whole
+    tiles of 16). Batch 1 attends to no key at all: zeros, where the reference gives NaN."""
+    keep = torch.rand(2, 1, 1, skv, generator=torch.Generator().manual_seed(2)) > 0.4
+    keep[1] = False
+    mask = keep if kind == "bool" else torch.where(keep, 0.0, float("-inf")).to(dtype)
+    inputs = _qkv(dtype, skv=skv) + [mask]
+    want = run_reference("Attention", inputs, ATTRS)[0].nan_to_num(0.0)
+    _check(attention.attention(*inputs, config=SMALL), want)
+
+
 @pytest.mark.parametrize("d,dv", [(16, 16), (128, 64), (96, 128)])
 def test_head_dims(d, dv):
     inputs = _qkv(torch.float16, b=1, hq=2, hkv=1, sq=9, skv=9, d=d, dv=dv)

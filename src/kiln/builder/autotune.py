@@ -56,9 +56,20 @@ def _random_input(v, device) -> Any:
     return (torch.randn(v.shape, device=device) * 0.5).to(v.dtype.torch)
 
 
+def _head_split(x: torch.Tensor, kt: bool = False) -> torch.Tensor:
+    """4-D (B, H, S, D) x — (B, H, D, S) for Kᵀ — with the same values, laid out as the view of a (B, S, H, D)
+    projection output that exported attention reads (its head split)."""
+    if kt:
+        return x.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _in_layout(inputs: list, spec: LayerSpec, config: dict) -> list:
-    """Activations as the config's layout expects them from its neighbours: an NHWC layer is timed on
-    channels_last inputs, the steady state when the layers around it are NHWC too."""
+    """Activations as the engine will hand them over: an NHWC layer is timed on channels_last inputs (the steady
+    state when the layers around it are NHWC too), 4-D attention on Q, Kᵀ and V as head-split views (a
+    kernel's best tile depends on which dim is contiguous)."""
+    if spec.kind == "FusedAttention" and all(isinstance(x, torch.Tensor) and x.dim() == 4 for x in inputs[:3]):
+        return [_head_split(inputs[0]), _head_split(inputs[1], kt=True), _head_split(inputs[2]), *inputs[3:]]
     if config.get("layout") != "nhwc":
         return inputs
     return [x.contiguous(memory_format=torch.channels_last)

@@ -21,18 +21,20 @@ from kiln.passes.fuse_layernorm import fuse_layernorm
 from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
 from kiln.passes.fuse_sibling_gemms import fuse_sibling_gemms
 from kiln.passes.gemm_rows import gemm_rows
+from kiln.passes.narrow_attention_mask import narrow_attention_mask
 from kiln.passes.manager import BuildTarget, Pass
 from kiln.passes.sink_transpose import sink_transpose
 
 # Folding first (BatchNorm must be folded into its Conv before the conv epilogue is fused); the
 # decomposed-LayerNorm and attention patterns before the epilogue fusions that would take their
-# pieces; pointwise chains last, so they only get what no other fusion wanted, and after the
-# layers those fusions left dead (attention's run-time scale arithmetic) are gone. Sibling GEMMs
-# (attention's Q/K/V projections) merge once their epilogues are fused; repeated layers (the attention
-# mask each encoder layer recomputes) go last, so no fusion finds a value shared that it needs alone.
+# pieces (attention's mask then narrowed to the shape it broadcasts from); pointwise chains last, so
+# they only get what no other fusion wanted, and after the layers those fusions left dead (attention's
+# run-time scale arithmetic) are gone. Sibling GEMMs (attention's Q/K/V projections) merge once their
+# epilogues are fused; repeated layers (the attention mask each encoder layer recomputes) go last, so
+# no fusion finds a value shared that it needs alone.
 DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm,
-                 fuse_layernorm, fuse_attention, fuse_conv_epilogue, fuse_gemm_epilogue, fuse_sibling_gemms,
-                 eliminate_dead, fuse_pointwise_chain, eliminate_common]
+                 fuse_layernorm, fuse_attention, narrow_attention_mask, fuse_conv_epilogue, fuse_gemm_epilogue,
+                 fuse_sibling_gemms, eliminate_dead, fuse_pointwise_chain, eliminate_common]
 
 
 class Stage(enum.Enum):

@@ -1,0 +1,35 @@
+"""The autotuner times each candidate on inputs laid out as the engine will hand them over: 4-D FusedAttention on
+head-split views of Q, Kᵀ and V (D contiguous, heads inside a row), NHWC convs on channels_last; values unchanged."""
+
+import torch
+
+from kiln.builder.autotune import _in_layout
+from kiln.ir import DType
+from kiln.tactics.spec import LayerSpec, ValueSpec
+
+
+def _spec(kind, shapes):
+    vals = tuple(ValueSpec(DType.FLOAT16, s) for s in shapes)
+    return LayerSpec("l", kind, {}, vals, (ValueSpec(DType.FLOAT16, shapes[0]),))
+
+
+def test_attention_inputs_are_head_split_views():
+    b, h, s, d = 2, 3, 5, 4
+    q, kt, v = torch.randn(b, h, s, d), torch.randn(b, h, d, s), torch.randn(b, h, s, d)
+    mask = torch.randn(b, 1, 1, s)
+    got = _in_layout([q, kt, v, mask], _spec("FusedAttention", [q.shape, kt.shape, v.shape, mask.shape]), {})
+    for x, want in zip(got, (q, kt, v, mask)):
+        assert torch.equal(x, want)
+    assert got[0].stride() == (s * h * d, d, h * d, 1) and got[2].stride() == got[0].stride()
+    assert got[1].stride() == (s * h * d, d, 1, h * d) and got[3] is mask
+
+
+def test_three_d_attention_and_nchw_layers_keep_their_inputs():
+    q = torch.randn(3, 5, 4)
+    kt, v = torch.randn(3, 4, 5), torch.randn(3, 5, 4)
+    got = _in_layout([q, kt, v], _spec("FusedAttention", [q.shape, kt.shape, v.shape]), {})
+    assert all(a is b for a, b in zip(got, (q, kt, v)))
+    x = torch.randn(1, 8, 4, 4)
+    (same,) = _in_layout([x], _spec("Conv", [x.shape]), {"layout": "nchw"})
+    (nhwc,) = _in_layout([x], _spec("Conv", [x.shape]), {"layout": "nhwc"})
+    assert same is x and torch.equal(nhwc, x) and nhwc.is_contiguous(memory_format=torch.channels_last)
