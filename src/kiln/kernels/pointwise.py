@@ -6,6 +6,8 @@ that one kernel source serves every activation (each name compiles to its own sp
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -55,4 +57,38 @@ def apply(x: torch.Tensor, activation: str, alpha: float = 0.0, beta: float = 0.
     if n:
         _pointwise_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](src, y, n, float(alpha), float(beta), ACT=activation,
                                                            BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return y
+
+
+@triton.jit
+def _bias_act_kernel(y, bias, r, n, C, inner, alpha, beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                     ACT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    v = tl.load(y + offs, mask=inside, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        v += tl.load(bias + (offs // inner) % C, mask=inside, other=0.0).to(tl.float32)
+    if HAS_RES:
+        v += tl.load(r + offs, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y + offs, activate(v, ACT, alpha, beta).to(y.dtype.element_ty), mask=inside)
+
+
+def bias_act_(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, activation: str,
+              alpha: float = 0.0, beta: float = 0.0, config: dict | None = None) -> torch.Tensor:
+    """y ← act(y + bias[channel] + residual) in place, in one pass: a conv's epilogue after a library conv that
+    left it out (torch adds a conv's bias as a broadcast pass of its own, and the activation as another). y is 4-D,
+    dense in NCHW or NHWC memory; the residual is read in y's layout."""
+    cfg = config or CONFIGS[0]
+    nhwc = y.dim() == 4 and not y.is_contiguous() and y.is_contiguous(memory_format=torch.channels_last)
+    fmt = torch.channels_last if nhwc else torch.contiguous_format
+    if not y.is_contiguous(memory_format=fmt):
+        raise ValueError("bias_act_ needs y dense in NCHW or NHWC memory")
+    c = y.shape[1]
+    inner = 1 if nhwc else math.prod(y.shape[2:])
+    r = residual.contiguous(memory_format=fmt) if residual is not None else y
+    n = y.numel()
+    if n:
+        _bias_act_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](
+            y, bias if bias is not None else y, r, n, c, inner, float(alpha), float(beta), HAS_BIAS=bias is not None,
+            HAS_RES=residual is not None, ACT=activation, BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
     return y

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.ir import DType
-from kiln.kernels import quantize
-from kiln.tactics import torch_conv
+from kiln.kernels import pointwise, quantize
+from kiln.tactics import torch_conv, triton_common
 from kiln.tactics.int8_lowering import fp8_device_reason
 from kiln.tactics.common import first, float_io, linear, rank, rowwise, tf32
 from kiln.tactics.registry import Tactic, register
@@ -63,15 +63,32 @@ def _relu_then(spec: LayerSpec) -> float | None | bool:
 
 
 def _conv_configs(spec: LayerSpec, device, level: int):
-    """Both layouts; with a ReLU (or ReLU6 / Clip(0, hi)) epilogue on a 2-D conv also cuDNN's fused
-    conv+bias(+add)+ReLU kernel (the bias in cuDNN's epilogue, not a pass of its own; a Clip's bound after it)."""
-    configs = torch_conv.cudnn_configs(spec, device, level)
+    """Both layouts, the epilogue by torch's ops; on a 2-D conv also the epilogue (bias, residual, activation) as
+    one Triton pass after the conv, and with a ReLU (or ReLU6 / Clip(0, hi)) cuDNN's fused conv+bias(+add)+ReLU
+    kernel (the bias in cuDNN's epilogue, not a pass of its own; a Clip's bound after it)."""
+    plain = torch_conv.cudnn_configs(spec, device, level)
     a = spec.attrs
     n = len(a["kernel_shape"])
+    configs = plain + ([dict(c, epilogue="triton") for c in plain] if n == 2 else [])
     if (_relu_then(spec) is not False and n == 2 and a["pads"][:n] == a["pads"][n:]
             and hasattr(torch, "cudnn_convolution_relu")):
-        configs += [dict(c, epilogue="cudnn") for c in configs]
+        configs += [dict(c, epilogue="cudnn") for c in plain]
     return configs
+
+
+def _compile_triton_epilogue(spec: LayerSpec, config, device):
+    """cuDNN's conv without its bias, then bias + residual + activation in one in-place Triton pass."""
+    conv = torch_conv.compile_cudnn(_plain(spec, 2), config, device)
+    b = spec.inputs[2].const if len(spec.inputs) > 2 and spec.inputs[2] is not None else None
+    act, alpha, beta = triton_common.epilogue(spec.attrs)
+    residual = bool(spec.attrs.get("residual"))
+
+    def run(inputs):
+        y = conv(inputs[:2])[0]
+        bias = b if b is not None else (inputs[2] if len(inputs) > 2 else None)
+        return [pointwise.bias_act_(y, bias, inputs[3] if residual else None, act, alpha, beta)]
+
+    return run
 
 
 def _compile_cudnn_epilogue(spec: LayerSpec, config, device):
@@ -100,6 +117,8 @@ def _compile_cudnn_epilogue(spec: LayerSpec, config, device):
 def _compile_conv(spec: LayerSpec, config, device):
     if config.get("epilogue") == "cudnn":
         return _compile_cudnn_epilogue(spec, config, device)
+    if config.get("epilogue") == "triton":
+        return _compile_triton_epilogue(spec, config, device)
     conv = torch_conv.compile_cudnn(_plain(spec, 3), config, device)
     act, residual = _epilogue(spec), bool(spec.attrs.get("residual"))
 
