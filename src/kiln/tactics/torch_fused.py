@@ -1,5 +1,6 @@
 """Fused kinds through torch's vendor kernels: cuDNN conv / cuBLASLt GEMM with the epilogue applied by
-torch's native pointwise ops, SDPA for FusedAttention, native layer_norm for AddLayerNorm."""
+torch's native pointwise ops (or, for convs, one Triton pass), SDPA for FusedAttention, native layer_norm for
+AddLayerNorm."""
 
 from __future__ import annotations
 
