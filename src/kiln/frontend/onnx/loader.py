@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 from kiln.errors import ModelError, ResourceLimitError, ShapeError, UnsupportedOpError
 from kiln.frontend.onnx.external_data import external_tensors, load_external_data
 from kiln.frontend.onnx.limits import PROTOBUF_LIMIT, ModelLimits
+from kiln.frontend.onnx.weightless import adopt_shapes, weightless
 from kiln.util import files
 
 
@@ -50,14 +51,14 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
     if any(True for _ in external_tensors(proto)):
         load_external_data(proto, _data_folder(base_dir, base, source), limits.max_file_bytes)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(weightless(proto))
     except (onnx.checker.ValidationError, Exception) as e:  # checker raises several types
         why = " ".join(str(e).split())[:500] or type(e).__name__  # the node's name is on the message's next lines
         raise ModelError(f"{source} failed ONNX validation: {why}") from None
     if input_shapes:
         set_input_shapes(proto, input_shapes)
         del proto.graph.value_info[:]  # exporters' stale symbolic dims would survive re-inference
-    proto = infer_shapes(proto, source, limits)
+    adopt_shapes(proto, infer_shapes(weightless(proto), source, limits))
     check_caps(proto, limits, inferred=True)  # again, now with every inferred intermediate shape
     return LoadedModel(proto, digest, source)
 
