@@ -7,9 +7,12 @@ and never aborts the build. Opt level 0 takes the highest-priority candidate tha
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -142,12 +145,20 @@ def workspace_bytes(kernel, inputs) -> int:
     return max(0, torch.cuda.max_memory_allocated() - before - kept)
 
 
+def env_compile_threads() -> int:
+    """KILN_COMPILE_THREADS: how many candidates of a layer are compiled and checked at once (default 1, one at a
+    time: the thread pool is opt-in until measured on a GPU)."""
+    value = os.environ.get("KILN_COMPILE_THREADS", "1")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 class Autotuner:
     """Chooses a tactic per layer for one build; reads and fills the timing cache."""
 
     def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None,
-                 workspace: int | None = None, phases: PhaseTimes | None = None):
+                 workspace: int | None = None, phases: PhaseTimes | None = None, compile_threads: int | None = None):
         self.device, self.level, self.tf32, self.cache, self.workspace = device, opt_level, tf32, cache, workspace
+        self.compile_threads = env_compile_threads() if compile_threads is None else compile_threads
         # where tuning time goes: "tune: reference" (random inputs, reference outputs), "tune: compile + check"
         # (each candidate's compile, first call — Triton JIT, cuDNN plan — and comparison), "tune: timing"
         self.phases = phases if phases is not None else PhaseTimes()
@@ -204,6 +215,39 @@ class Autotuner:
             self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
         return choice
 
+    def _checked(self, todo: list, spec: LayerSpec, reference: tuple, others: list) -> Iterator[tuple]:
+        """(tactic, config, kernel, args, why not) of each (tactic, config) of `todo` in order: compiled, run and
+        compared at `spec`, then at each of `others` (the profile's min/max shapes). With `compile_threads` > 1
+        (opt level ≥ 1, no workspace limit) all of them at once on a thread pool, so Triton's compiles overlap;
+        one at a time otherwise (opt level 0 stops at the first that passes)."""
+
+        def one(item):
+            tactic, config = item
+            kernel, args, why = self._check(tactic, config, spec, reference)
+            for what, probe, ref in others if not why else ():
+                why = self._check(tactic, config, probe, ref)[2]
+                if why:
+                    why = f"fails at {what}: {why}"[:300]
+                    break
+            return tactic, config, kernel, args, why
+
+        if self.compile_threads > 1 and self.level > 0 and self.workspace is None and len(todo) > 1:
+            stream = torch.cuda.current_stream() if self.device.backend == "cuda" else None
+
+            def on_stream(item):  # a thread's stream (and with it its device) and grad mode are its own
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), torch.no_grad():
+                    return one(item)
+
+            with self.phases.phase("tune: compile + check"), \
+                    ThreadPoolExecutor(min(self.compile_threads, len(todo))) as pool:
+                done = list(pool.map(on_stream, todo))
+            yield from done
+            return
+        for item in todo:
+            with self.phases.phase("tune: compile + check"):
+                result = one(item)
+            yield result
+
     def _reference(self, spec: LayerSpec) -> tuple[list, list, bool, torch.Tensor | None]:
         """(random inputs, the reference's outputs on them, whether the layer is fp8, its fp8 slack) for `spec`."""
         inputs = [_random_input(v, self.device.torch_device) for v in spec.inputs]
@@ -238,27 +282,21 @@ class Autotuner:
                 reference = self._reference(spec)
                 others = [(what, probe, self._reference(probe)) for what, probe in probes]
             rejected, timed = list(refused), []
-            for tactic in cands:
-                for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]:
-                    label = f"{tactic.name}{config or ''}"
-                    self.phases.count("candidates compiled")  # and checked, at the profiles' min/max shapes too
-                    with self.phases.phase("tune: compile + check"):
-                        kernel, args, why = self._check(tactic, config, spec, reference)
-                        for what, probe, ref in others if not why else ():
-                            why = self._check(tactic, config, probe, ref)[2]
-                            if why:
-                                why = f"fails at {what}: {why}"[:300]
-                                break
-                    if why:
-                        self.phases.count("candidates rejected")
-                        rejected.append((label, why))
-                        continue
-                    if self.level == 0:
-                        return Choice(tactic.name, config, None, "heuristic", rejected)
-                    self.phases.count("candidates timed")
-                    with self.phases.phase("tune: timing"):
-                        us = device_time_us(kernel, args, REPEATS[self.level])
-                    timed.append((us, tactic.name, config, label))
+            todo = [(tactic, config) for tactic in cands
+                    for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]]
+            for tactic, config, kernel, args, why in self._checked(todo, spec, reference, others):
+                label = f"{tactic.name}{config or ''}"
+                self.phases.count("candidates compiled")  # and checked, at the profiles' min/max shapes too
+                if why:
+                    self.phases.count("candidates rejected")
+                    rejected.append((label, why))
+                    continue
+                if self.level == 0:
+                    return Choice(tactic.name, config, None, "heuristic", rejected)
+                self.phases.count("candidates timed")
+                with self.phases.phase("tune: timing"):
+                    us = device_time_us(kernel, args, REPEATS[self.level])
+                timed.append((us, tactic.name, config, label))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
         for us, name, config, _ in timed:
