@@ -86,6 +86,15 @@ def test_key_padding_mask(dtype, skv, kind):
     _check(attention.attention(*inputs, config=SMALL), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_causal_with_a_row_mask_on_whole_key_tiles(dtype):
+    """Skv 32 (two whole tiles of 16: no key bounds), causal and a mask that varies along the query rows."""
+    inputs = _qkv(dtype, sq=32, skv=32)
+    mask = torch.randn(32, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
+    want = run_reference("Attention", inputs + [mask], {**ATTRS, "is_causal": 1})[0]
+    _check(attention.attention(*inputs, mask, causal=True, config=SMALL), want)
+
+
 @pytest.mark.parametrize("d,dv", [(16, 16), (128, 64), (96, 128)])
 def test_head_dims(d, dv):
     inputs = _qkv(torch.float16, b=1, hq=2, hkv=1, sq=9, skv=9, d=d, dv=dv)
