@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kiln.ir import Layer, Network
+from kiln.passes.fuse_common import scalar
 from kiln.passes.manager import PassContext
 
 RANK = 4  # a mask of higher rank would not broadcast to the scores as it did before
@@ -25,11 +26,6 @@ def _rank_ok(net: Network, t: str) -> bool:
     return shape is not None and len(shape) <= RANK
 
 
-def _scalar(net: Network, t: str):
-    c = net.constants.get(t)
-    return c.reshape(()).item() if c is not None and c.numel() == 1 else None
-
-
 def _least(net: Network, t: str, producers) -> float | None:
     """A lower bound of every element of `t` where one is known: a Range's start (step > 0), through the layers
     that only move or broadcast elements."""
@@ -38,7 +34,7 @@ def _least(net: Network, t: str, producers) -> float | None:
         layer = producers.get(layer.inputs[0])
     if layer is None or layer.kind != "Range":
         return None
-    start, step = _scalar(net, layer.inputs[0]), _scalar(net, layer.inputs[2])
+    start, step = scalar(net, layer.inputs[0]), scalar(net, layer.inputs[2])
     return start if start is not None and step is not None and step > 0 else None
 
 
@@ -53,7 +49,7 @@ def _all_true(net: Network, t: str, producers) -> bool:
     if layer.kind == "And":
         return all(_all_true(net, i, producers) for i in layer.inputs)
     if layer.kind in ("GreaterOrEqual", "Greater"):
-        least, bound = _least(net, layer.inputs[0], producers), _scalar(net, layer.inputs[1])
+        least, bound = _least(net, layer.inputs[0], producers), scalar(net, layer.inputs[1])
         return least is not None and bound is not None and (least >= bound if layer.kind == "GreaterOrEqual"
                                                             else least > bound)
     return False
@@ -72,11 +68,6 @@ def _identity_operand(net: Network, layer: Layer, producers) -> str | None:
                 (layer.kind == "Or" and c is not None and not bool(c.any())):
             return other
     return None
-
-
-def _scalar_const(net: Network, t: str) -> bool:
-    c = net.constants.get(t)
-    return c is not None and c.numel() == 1
 
 
 class _Narrower:
@@ -99,21 +90,19 @@ class _Narrower:
         other = _identity_operand(net, layer, self.producers)
         if other is not None and _rank_ok(net, other):
             return self(other)
-        if layer.kind == "Where" and all(_scalar_const(net, i) for i in layer.inputs[1:3]):
-            return self._remake(layer, t, 0)
-        if layer.kind == "Cast":
-            return self._remake(layer, t, 0)
+        if (layer.kind == "Where" and all(scalar(net, i) is not None for i in layer.inputs[1:3])) or \
+                layer.kind == "Cast":
+            return self._remake(layer, t)
         return t
 
-    def _remake(self, layer: Layer, t: str, at: int) -> str:
-        """A copy of `layer` reading the narrowed input `at` (the layer itself where nothing narrowed)."""
-        net, src = self.net, self(layer.inputs[at])
-        if src == layer.inputs[at]:
+    def _remake(self, layer: Layer, t: str) -> str:
+        """A copy of `layer` reading its narrowed first input (the layer itself where nothing narrowed)."""
+        net, src = self.net, self(layer.inputs[0])
+        if src == layer.inputs[0]:
             return t
         out = net.unique_name(f"{t}_narrow")
         net.add_tensor(out, net.tensors[t].dtype, net.tensors[src].shape)
-        inputs = list(layer.inputs)
-        inputs[at] = src
+        inputs = [src, *layer.inputs[1:]]
         net.layers.insert(net.layers.index(layer) + 1, Layer(net.unique_name(f"{layer.name}_narrow"), layer.kind,
                                                            inputs, [out], dict(layer.attrs), layer.precision,
                                                            list(layer.origin)))
