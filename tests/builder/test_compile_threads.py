@@ -18,7 +18,7 @@ CPU = Device("cpu", "cpu", "cpu")
 SPEC = LayerSpec("l", "Relu", {}, (ValueSpec(DType.FLOAT32, (4, 8)),), (ValueSpec(DType.FLOAT32, (4, 8)),))
 
 
-def _tactics(threads: set):
+def _tactics(threads: set, plans_per_shape: bool = False):
     """Configs 0..5: even ones right, odd ones wrong (negated); each records its thread and sleeps like a compile."""
     def compile_(spec, config, device):
         def run(inputs):
@@ -28,15 +28,16 @@ def _tactics(threads: set):
             return [y if config["i"] % 2 == 0 else -y - 1]
         return run
 
-    return [Tactic("fake", ("Relu",), compile_, configs=lambda spec, device, level: [{"i": i} for i in range(6)])]
+    return [Tactic("fake", ("Relu",), compile_, configs=lambda spec, device, level: [{"i": i} for i in range(6)],
+                   plans_per_shape=plans_per_shape)]
 
 
-def _run(threads_wanted: int, level: int = 3, workspace=None, probes=()):
+def _run(threads_wanted: int, level: int = 3, workspace=None, probes=(), plans_per_shape=False):
     seen: set = set()
     tuner = Autotuner(CPU, level, False, None, workspace, compile_threads=threads_wanted)
     ref = tuner._reference(SPEC)
     others = [(what, p, tuner._reference(p)) for what, p in probes]
-    todo = [(t, c) for t in _tactics(seen) for c in t.configs(SPEC, CPU, level)]
+    todo = [(t, c) for t in _tactics(seen, plans_per_shape) for c in t.configs(SPEC, CPU, level)]
     out = [(c["i"], why is None) for _, c, _, _, why in tuner._checked(todo, SPEC, ref, others)]
     return out, seen
 
@@ -46,6 +47,13 @@ def test_pool_matches_one_at_a_time_and_uses_threads():
     pooled, pooled_threads = _run(4)
     assert pooled == serial == [(i, i % 2 == 0) for i in range(6)]
     assert len(serial_threads) == 1 and len(pooled_threads) > 1
+
+
+def test_tactics_that_plan_per_shape_are_checked_on_the_calling_thread():
+    """cuDNN caches its plans per thread: its candidates are checked where they will be timed and run."""
+    pooled, seen = _run(4, plans_per_shape=True)
+    assert pooled == [(i, i % 2 == 0) for i in range(6)]
+    assert seen == {threading.get_ident()}
 
 
 def test_probe_failure_names_the_shape():

@@ -218,8 +218,9 @@ class Autotuner:
     def _checked(self, todo: list, spec: LayerSpec, reference: tuple, others: list) -> Iterator[tuple]:
         """(tactic, config, kernel, args, why not) of each (tactic, config) of `todo` in order: compiled, run and
         compared at `spec`, then at each of `others` (the profile's min/max shapes). With `compile_threads` > 1
-        (opt level ≥ 1, no workspace limit) all of them at once on a thread pool, so Triton's compiles overlap;
-        one at a time otherwise (opt level 0 stops at the first that passes)."""
+        (opt level ≥ 1, no workspace limit) those of tactics that do not plan per shape at once on a thread pool, so
+        Triton's compiles overlap, the others meanwhile on this thread; one at a time otherwise (opt level 0 stops at
+        the first that passes)."""
 
         def one(item):
             tactic, config = item
@@ -238,9 +239,14 @@ class Autotuner:
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), torch.no_grad():
                     return one(item)
 
+            # cuDNN's plans are cached per thread in torch: a tactic that plans per shape is checked here, on the
+            # thread that times and runs it, or its timing would plan (and benchmark) every candidate again
             with self.phases.phase("tune: compile + check"), \
                     ThreadPoolExecutor(min(self.compile_threads, len(todo))) as pool:
-                done = list(pool.map(on_stream, todo))
+                pooled = {i: pool.submit(on_stream, item) for i, item in enumerate(todo)
+                          if not item[0].plans_per_shape}
+                here = {i: one(item) for i, item in enumerate(todo) if i not in pooled}
+                done = [pooled[i].result() if i in pooled else here[i] for i in range(len(todo))]
             yield from done
             return
         for item in todo:
