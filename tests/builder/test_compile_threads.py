@@ -2,6 +2,7 @@
 as one at a time, several threads used, probe failures reported per candidate; opt level 0 and a workspace limit
 keep checking one at a time. Fake tactics on the CPU (the pool itself is device-agnostic)."""
 
+import os
 import threading
 import time
 
@@ -82,12 +83,13 @@ def test_level0_and_workspace_limits_check_one_at_a_time(level, workspace):
 
 def test_env_setting(monkeypatch):
     monkeypatch.delenv("KILN_COMPILE_THREADS", raising=False)
-    assert env_compile_threads() == 1
+    assert env_compile_threads("cpu") == 1
+    assert env_compile_threads("cuda") == min(8, os.cpu_count() or 1)
     monkeypatch.setenv("KILN_COMPILE_THREADS", "6")
-    assert env_compile_threads() == 6
+    assert env_compile_threads("cpu") == env_compile_threads("cuda") == 6
     for bad in ("0", "-2", "many"):
         monkeypatch.setenv("KILN_COMPILE_THREADS", bad)
-        assert env_compile_threads() == 1
+        assert env_compile_threads("cpu") == 1
 
 
 @pytest.mark.gpu

@@ -145,11 +145,12 @@ def workspace_bytes(kernel, inputs) -> int:
     return max(0, torch.cuda.max_memory_allocated() - before - kept)
 
 
-def env_compile_threads() -> int:
-    """KILN_COMPILE_THREADS: how many candidates of a layer are compiled and checked at once (default 1, one at a
-    time: the thread pool is opt-in until measured on a GPU)."""
-    value = os.environ.get("KILN_COMPILE_THREADS", "1")
-    return int(value) if value.isdigit() and int(value) > 0 else 1
+def env_compile_threads(backend: str) -> int:
+    """KILN_COMPILE_THREADS: how many candidates of a layer are compiled and checked at once. Default on a GPU: 8
+    (at most the CPU count), as Triton's compiles overlap (cold H100 builds 1.6-2.5x faster); elsewhere 1."""
+    default = min(8, os.cpu_count() or 1) if backend == "cuda" else 1
+    value = os.environ.get("KILN_COMPILE_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else default
 
 
 class Autotuner:
@@ -158,7 +159,7 @@ class Autotuner:
     def __init__(self, device, opt_level: int, tf32: bool, cache: TimingCache | None,
                  workspace: int | None = None, phases: PhaseTimes | None = None, compile_threads: int | None = None):
         self.device, self.level, self.tf32, self.cache, self.workspace = device, opt_level, tf32, cache, workspace
-        self.compile_threads = env_compile_threads() if compile_threads is None else compile_threads
+        self.compile_threads = env_compile_threads(device.backend) if compile_threads is None else compile_threads
         # where tuning time goes: "tune: reference" (random inputs, reference outputs), "tune: compile + check"
         # (each candidate's compile, first call — Triton JIT, cuDNN plan — and comparison), "tune: timing"
         self.phases = phases if phases is not None else PhaseTimes()
