@@ -21,6 +21,7 @@ batches to ResNet-50), or rerun the same command with --resume to measure only t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -100,7 +101,9 @@ def ratios(row: dict) -> dict:
 
 def first_then_median(fn: Callable[[], object], repeats: int, keep: dict | None = None) -> dict:
     """fn()'s first and second calls (ms, synchronized), then the median of `repeats` calls after WARMUP; `keep` gets
-    a copy of the first call's outputs (a dict of tensors)."""
+    a copy of the first call's outputs (a dict of tensors). The garbage of earlier contenders (engines, compiled
+    modules, CUDA graphs) is collected first, so no first call pays for another's."""
+    gc.collect()
     start = time.perf_counter()
     out = fn()
     sync()
