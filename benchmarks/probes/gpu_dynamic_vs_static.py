@@ -7,19 +7,14 @@ kernel name, the largest differences, idle time), and the layers whose tactic or
 
 from __future__ import annotations
 
-import json
-import tempfile
 from collections import defaultdict
 from pathlib import Path
-
-import torch
-from torch.profiler import ProfilerActivity, profile as trace_profile
 
 import kiln
 from benchmarks.dynamic import input_shapes, profile
 from benchmarks.models import SPECS, instantiate, onnx_file
 from benchmarks.probes import harness
-from benchmarks.probes.gpu_gap_trace import device_spans, gaps
+from benchmarks.probes.gpu_gap_trace import chrome_trace, device_spans, gaps
 from benchmarks.suite import CACHE
 
 CALLS = 5
@@ -27,16 +22,7 @@ CALLS = 5
 
 def kernel_us(call) -> tuple[dict[str, float], dict]:
     """µs per call by device activity name over CALLS traced calls, and the idle-gap summary."""
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    with trace_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            call()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(f"{tmp}/t.json")
-        spans = device_spans(json.loads(Path(f"{tmp}/t.json").read_text()))
+    spans = device_spans(chrome_trace(harness.profiled(call, CALLS, warmup=5)))
     by_name: dict[str, float] = defaultdict(float)
     for s, e, name in spans:
         by_name[name[:120]] += (e - s) / CALLS

@@ -14,11 +14,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 import kiln
-from benchmarks.probes.harness import event_ms, model_rows, rows_parser, suite_row
+from benchmarks.probes.harness import event_ms, model_rows, profiled, rows_parser, suite_row
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CALLS = 3
@@ -29,6 +26,13 @@ def device_spans(trace: dict) -> list[tuple[float, float, str]]:
     out = [(e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "?")) for e in trace.get("traceEvents", [])
            if e.get("cat") in DEVICE_CATS and e.get("ph") == "X"]
     return sorted(out)
+
+
+def chrome_trace(prof) -> dict:
+    """A finished profiler's Chrome trace, as a dict."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/t.json")
+        return json.loads(Path(f"{tmp}/t.json").read_text())
 
 
 def gaps(spans: list, calls: int) -> dict:
@@ -53,16 +57,7 @@ def row(name: str, batch: int, cache: Path) -> dict:
     engine = kiln.build(path, config)
     ctx = engine.create_context()
     call = lambda: ctx.run(feeds)  # noqa: E731
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            call()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(f"{tmp}/t.json")
-        trace = json.loads(Path(f"{tmp}/t.json").read_text())
+    trace = chrome_trace(profiled(call, CALLS, warmup=5, cpu=True))
     tactics = Counter(f"{engine.network.layers[i].kind}:{c.tactic}{c.config or ''}"
                       for i, c in enumerate(engine.tactics[l.name] for l in engine.network.layers))
     ten = lambda: [call() for _ in range(10)]  # noqa: E731 - back to back: the host's part hidden behind the GPU's

@@ -14,11 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import kiln
 from benchmarks.peers import prepare, runner
-from benchmarks.probes.harness import event_ms, model_rows, rows_parser, suite_row
+from benchmarks.probes.harness import event_ms, model_rows, profiled, rows_parser, suite_row
 
 CATEGORIES = (("attention", r"flash|fmha|attention|_attn|sdpa"),
               ("gemm", r"gemm|cutlass|xmma|nvjet|sm90|wgmma|matmul|_mm_|cublas"),
@@ -35,12 +34,7 @@ def category(name: str) -> str:
 
 def split(fn) -> dict:
     """CUDA kernel time per call of `fn`, by category, and its ten longest kernels."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(ITERS):
-            fn()
-        torch.cuda.synchronize()
+    prof = profiled(fn, ITERS)
     per_kernel: dict[str, float] = defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:

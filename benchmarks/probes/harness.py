@@ -141,6 +141,21 @@ def autotuner_us(fn: Callable[[], object], repeats: int = 20) -> float:
     return device_time_us(lambda _: fn(), None, repeats)
 
 
+def profiled(fn: Callable[[], object], calls: int, warmup: int = 1, cpu: bool = False):
+    """torch.profiler over `calls` synchronized calls of `fn` after `warmup` untraced ones (CUDA activities, and the
+    CPU's with `cpu`); returns the finished profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if cpu else [])) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof
+
+
 def cosine(a, b) -> float:
     """Cosine similarity of two arrays or tensors, in float64."""
     a, b = (np.asarray(t.detach().double().cpu() if isinstance(t, torch.Tensor) else t, dtype=np.float64).ravel()
