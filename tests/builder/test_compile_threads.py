@@ -79,6 +79,11 @@ def test_probe_failure_names_the_shape():
 def test_level0_and_workspace_limits_check_one_at_a_time(level, workspace):
     _, seen = _run(4, level=level, workspace=workspace)
     assert len(seen) == 1
+    assert "compile threads" not in Autotuner(CPU, level, False, None, workspace, compile_threads=4).phases.counts
+
+
+def test_thread_count_is_reported():
+    assert Autotuner(CPU, 3, False, None, compile_threads=4).phases.counts["compile threads"] == 4
 
 
 def test_env_setting(monkeypatch):
