@@ -163,7 +163,7 @@ class Autotuner:
         # where tuning time goes: "tune: reference" (random inputs, reference outputs), "tune: compile + check"
         # (each candidate's compile, first call — Triton JIT, cuDNN plan — and comparison), "tune: timing"
         self.phases = phases if phases is not None else PhaseTimes()
-        if opt_level > 0 and workspace is None:  # shown under `kiln build`'s time table
+        if self.compile_threads > 1 and opt_level > 0 and workspace is None:  # under `kiln build`'s time table
             self.phases.counts["compile threads"] = self.compile_threads
         self.env = environment_key(dict(device.fingerprint(), hardware_compat=device.hardware_compat))
         if workspace is not None:  # a choice made under a workspace limit is not the unlimited one
