@@ -21,6 +21,7 @@ batches to ResNet-50), or rerun the same command with --resume to measure only t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -102,19 +103,48 @@ def ratios(row: dict) -> dict:
 def first_then_median(fn: Callable[[], object], repeats: int, keep: dict | None = None) -> dict:
     """fn()'s first and second calls (ms, synchronized), then the median of `repeats` calls after WARMUP; `keep` gets
     a copy of the first call's outputs (a dict of tensors). The garbage of earlier contenders (engines, compiled
-    modules, CUDA graphs) is collected first, so no first call pays for another's."""
+    modules, CUDA graphs) is collected first, so no first call pays for another's; what the first call still spent
+    in garbage collection and how many device allocations it made are recorded beside it."""
     gc.collect()
-    start = time.perf_counter()
-    out = fn()
-    sync()
-    first = (time.perf_counter() - start) * 1e3
+    with first_call_costs() as costs:
+        start = time.perf_counter()
+        out = fn()
+        sync()
+        first = (time.perf_counter() - start) * 1e3
     if keep is not None:
         keep.update({k: v.clone() for k, v in out.items() if isinstance(v, torch.Tensor)})
     start = time.perf_counter()
     fn()
     sync()
     second = (time.perf_counter() - start) * 1e3  # a kiln dynamic engine captures a new shape's graph here
-    return {"first_call_ms": first, "second_call_ms": second, "median_ms": wall_ms(fn, iters=repeats, warmup=WARMUP)}
+    return {"first_call_ms": first, "second_call_ms": second, "first_call_costs": costs,
+            "median_ms": wall_ms(fn, iters=repeats, warmup=WARMUP)}
+
+
+@contextlib.contextmanager
+def first_call_costs():
+    """A dict filled when the block ends: garbage collections in it and their ms ("gc_ms", "gc_runs"), and on a GPU
+    the caching allocator's device allocations and frees ("device_allocs", "device_frees")."""
+    costs, started = {"gc_ms": 0.0, "gc_runs": 0}, []
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            costs["gc_ms"] += (time.perf_counter() - started.pop()) * 1e3
+            costs["gc_runs"] += 1
+
+    cuda = torch.cuda.is_available()
+    before = torch.cuda.memory_stats() if cuda else {}
+    gc.callbacks.append(on_gc)
+    try:
+        yield costs
+    finally:
+        gc.callbacks.remove(on_gc)
+        if cuda:
+            after = torch.cuda.memory_stats()
+            names = {"num_device_alloc": "device_allocs", "num_device_free": "device_frees"}
+            costs |= {mine: after.get(k, 0) - before.get(k, 0) for k, mine in names.items()}
 
 
 def _config(args, profiles) -> kiln.BuildConfig:
@@ -170,7 +200,9 @@ def _brief(m: dict) -> str:
     if "error" in m:
         return m["error"]
     build = f", build {m['build_seconds']:.1f} s" if "build_seconds" in m else ""
-    return f"first {m['first_call_ms']:.1f} ms, median {m['median_ms']:.3f} ms{build}"
+    c = m.get("first_call_costs", {})
+    costs = f" (gc {c['gc_ms']:.1f} ms, {c.get('device_allocs', 0)} device allocs)" if c else ""
+    return f"first {m['first_call_ms']:.1f} ms{costs}, median {m['median_ms']:.3f} ms{build}"
 
 
 def setup_model(spec: Spec, args, budget: Budget, info: dict) -> dict:

@@ -170,3 +170,22 @@ def test_dynamic_sweep_on_gpu(tmp_path):
         assert set(row["peers"]) == set(dynamic.PEERS) and all("median_ms" in m for m in row["peers"].values())
         assert row["dynamic_over_static"] > 0 and row["speedup_vs_best_peer"] > 0
         assert row["dynamic_vs_static"]["last_hidden_state"]["cosine"] > 0.999
+
+
+def test_first_call_costs_count_garbage_collections_in_the_first_call():
+    """A collection inside the first call is timed and counted beside it; none is left pending from before."""
+    import gc
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        if len(calls) == 1:
+            gc.collect()
+        return {}
+
+    m = dynamic.first_then_median(fn, repeats=3)
+    assert m["first_call_costs"]["gc_runs"] >= 1 and m["first_call_costs"]["gc_ms"] > 0
+    quiet = dynamic.first_then_median(lambda: {}, repeats=3)["first_call_costs"]
+    assert quiet["gc_runs"] == 0 and quiet["gc_ms"] == 0
+    assert "gc" in dynamic._brief(m | {"median_ms": 0.1})
