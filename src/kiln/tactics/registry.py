@@ -101,13 +101,16 @@ def _load() -> None:
 
 
 def reference_kernel(spec: LayerSpec) -> Kernel:
-    """The layer's reference, with TF32 only where the build asked for it (torch enables it for cuDNN by default)."""
+    """The layer's reference, with TF32 only where the build asked for it (torch enables it for cuDNN by default;
+    CUDA inputs only: the flags mean nothing to the CPU)."""
     from kiln.kinds import run_reference
     from kiln.tactics.common import tf32
 
     kind, attrs, allow = spec.kind, spec.attrs, spec.tf32
 
     def run(inputs):
+        if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs):
+            return run_reference(kind, inputs, attrs)
         with tf32(allow):
             return run_reference(kind, inputs, attrs)
 
