@@ -89,7 +89,8 @@ def test_thread_count_is_reported():
 def test_env_setting(monkeypatch):
     monkeypatch.delenv("KILN_COMPILE_THREADS", raising=False)
     assert env_compile_threads("cpu") == 1
-    assert env_compile_threads("cuda") == min(8, os.cpu_count() or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert env_compile_threads("cuda") == min(8, cpus)
     monkeypatch.setenv("KILN_COMPILE_THREADS", "6")
     assert env_compile_threads("cpu") == env_compile_threads("cuda") == 6
     for bad in ("0", "-2", "many"):

@@ -147,8 +147,10 @@ def workspace_bytes(kernel, inputs) -> int:
 
 def env_compile_threads(backend: str) -> int:
     """KILN_COMPILE_THREADS: how many candidates of a layer are compiled and checked at once. Default on a GPU: 8
-    (at most the CPU count), as Triton's compiles overlap (cold H100 builds 1.6-2.5x faster); elsewhere 1."""
-    default = min(8, os.cpu_count() or 1) if backend == "cuda" else 1
+    (at most the CPUs this process may use), as Triton's compiles overlap (cold H100 builds 1.6-2.5x faster);
+    elsewhere 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    default = min(8, cpus) if backend == "cuda" else 1
     value = os.environ.get("KILN_COMPILE_THREADS", "")
     return int(value) if value.isdigit() and int(value) > 0 else default
 
