@@ -89,8 +89,9 @@ def test_thread_count_is_reported():
 def test_env_setting(monkeypatch):
     monkeypatch.delenv("KILN_COMPILE_THREADS", raising=False)
     assert env_compile_threads("cpu") == 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    assert env_compile_threads("cuda") == min(8, cpus)
+    for usable, want in ((range(2), 2), (range(16), 8)):  # the CPUs this process may run on, at most 8
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cpus=set(usable): cpus, raising=False)
+        assert env_compile_threads("cuda") == want
     monkeypatch.setenv("KILN_COMPILE_THREADS", "6")
     assert env_compile_threads("cpu") == env_compile_threads("cuda") == 6
     for bad in ("0", "-2", "many"):
