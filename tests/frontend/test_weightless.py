@@ -77,3 +77,16 @@ def test_bad_data_in_a_large_initializer_is_a_model_error(tmp_path):
     loaded = load_onnx(path)  # the checker no longer reads the weights ...
     with pytest.raises(ModelError, match="does not match its dims"):
         import_onnx(loaded.proto)  # ... the importer does
+
+
+def test_sizes_come_from_dims_and_type_without_the_data():
+    """A large tensor whose data lives elsewhere (external data) still counts as large; strings count their bytes."""
+    external = T(name="w", data_type=T.FLOAT16, dims=[512, 512], data_location=T.EXTERNAL)
+    external.external_data.add(key="location", value="weights.bin")
+    small_ints = numpy_helper.from_array(np.arange(16, dtype=np.int64), "s")
+    words = helper.make_tensor("names", T.STRING, [2], vals=[b"a", b"b"])
+    g = helper.make_graph([], "g", [], [helper.make_tensor_value_info("s", T.INT64, [16])],
+                          initializer=[external, small_ints, words])
+    light = weightless(helper.make_model(g))
+    assert [t.name for t in light.graph.initializer] == ["s", "names"]
+    assert [i.name for i in light.graph.input] == ["w"]
