@@ -3,8 +3,10 @@ each and the torch modes, at every shape of a sweep (issue 23, part 6).
 
 MiniLM-L6 and BERT-base (exported with dynamic batch and sequence) sweep batch x sequence 1x16 .. 32x512 with one fp16
 engine of one profile min 1x16 / opt 8x128 / max 32x512 on all three inputs; ResNet-50 sweeps batch 1 .. 64 at 224
-with min 1 / opt 32 / max 64. At each shape, on the same inputs and with the same loop (call, synchronize; median of
---repeats calls after 10 warm-up calls):
+with min 1 / opt 32 / max 64. At each shape, on the same inputs and with the same loop (call, synchronize), each
+contender's first two calls are timed, then --repeats calls of each after 10 warm-up calls, interleaved: 5 rounds, each
+contender in turn (the order rotating), so a drift of the GPU's clocks or the host's load during the row touches every
+contender alike; the median of each contender's calls, and each round's median beside it:
 
   kiln_dynamic     the one dynamic engine: its first call at the shape, then the median
   kiln_static      an engine built for exactly the shape (build seconds, median); its outputs against the dynamic's
@@ -31,12 +33,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 import kiln
 from benchmarks.models import SPECS, Spec, instantiate, onnx_file
 from benchmarks.peers import cast_inputs, prepare
-from benchmarks.probes.harness import Budget, sync, wall_ms
+from benchmarks.probes.harness import Budget, sync
 from benchmarks.suite import CACHE, RESULTS, accuracy, device_info, guarded, versions
 
 MODELS = ("minilm", "bert", "resnet50")
@@ -45,6 +48,7 @@ RANGES = {"text": ((1, 16), (8, 128), (32, 512)), "image": ((1,), (32,), (64,))}
 IMAGE_SIZE = 224
 WARMUP = 10
 PEERS = ("eager", "compile_dynamic", "reduce_overhead")
+ROUNDS = 5
 
 Shape = tuple[int, ...]
 
@@ -100,11 +104,11 @@ def ratios(row: dict) -> dict:
     return row
 
 
-def first_then_median(fn: Callable[[], object], repeats: int, keep: dict | None = None) -> dict:
-    """fn()'s first and second calls (ms, synchronized), then the median of `repeats` calls after WARMUP; `keep` gets
-    a copy of the first call's outputs (a dict of tensors). The garbage of earlier contenders (engines, compiled
-    modules, CUDA graphs) is collected first, so no first call pays for another's; what the first call still spent
-    in garbage collection and how many device allocations it made are recorded beside it."""
+def first_calls(fn: Callable[[], object], keep: dict | None = None) -> dict:
+    """fn()'s first and second calls (ms, synchronized); `keep` gets a copy of the first call's outputs (a dict of
+    tensors). The garbage of earlier contenders (engines, compiled modules, CUDA graphs) is collected first, so no
+    first call pays for another's; what the first call still spent in garbage collection and how many device
+    allocations it made are recorded beside it."""
     gc.collect()
     with first_call_costs() as costs:
         start = time.perf_counter()
@@ -117,8 +121,46 @@ def first_then_median(fn: Callable[[], object], repeats: int, keep: dict | None 
     fn()
     sync()
     second = (time.perf_counter() - start) * 1e3  # a kiln dynamic engine captures a new shape's graph here
-    return {"first_call_ms": first, "second_call_ms": second, "first_call_costs": costs,
-            "median_ms": wall_ms(fn, iters=repeats, warmup=WARMUP)}
+    return {"first_call_ms": first, "second_call_ms": second, "first_call_costs": costs}
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, rounds: int = ROUNDS) -> dict[str, dict]:
+    """Per contender: the median ms of `repeats` synchronized calls after WARMUP, taken in `rounds` rounds in which
+    every contender runs its share in turn (the order rotating), and each round's median; {"error": ...} for one
+    that fails (the others go on)."""
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    per_round: dict[str, list[float]] = {n: [] for n in fns}
+    out: dict[str, dict] = {}
+    for name, fn in fns.items():
+        out[name] = guarded(f"{name} warm-up", lambda fn=fn: _calls_ms(fn, WARMUP) and {})
+    share = [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
+    for r in range(rounds):
+        names = [n for n in fns if "error" not in out[n]]
+        for name in names[r % len(names):] + names[:r % len(names)] if names else []:
+            try:  # not `guarded`: its empty_cache between contenders would make the next one allocate again
+                ms = _calls_ms(fns[name], share[r])
+            except Exception as e:  # recorded, and the others go on
+                out[name] = {"error": f"timed calls failed: {type(e).__name__}: {e}"[:300]}
+                continue
+            times[name] += ms
+            if ms:
+                per_round[name].append(float(np.median(ms)))
+    for name in fns:
+        if "error" not in out[name]:
+            out[name] = {"median_ms": float(np.median(times[name])), "round_medians_ms": per_round[name]}
+    return out
+
+
+def _calls_ms(fn: Callable[[], object], n: int) -> list[float]:
+    """ms of each of `n` calls of fn, each synchronized before and after."""
+    ms = []
+    for _ in range(n):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        ms.append((time.perf_counter() - start) * 1e3)
+    return ms
 
 
 @contextlib.contextmanager
@@ -153,46 +195,59 @@ def _config(args, profiles) -> kiln.BuildConfig:
                             timing_cache=str(args.cache / "timing-cache.sqlite"))
 
 
-def bench_static(path: Path, feeds: dict, args, keep: dict) -> dict:
+def bench_static(path: Path, feeds: dict, args, keep: dict) -> tuple[dict, Callable[[], object]]:
+    """(build seconds, timing cache and first calls of an engine built for exactly these feeds' shapes, its call)."""
     engine = kiln.build(path, _config(args, ({k: (tuple(v.shape),) * 3 for k, v in feeds.items()},)))
     ctx = engine.create_context()
     info = engine.build_info
-    return {"build_seconds": info["build_seconds"], "timing_cache": info.get("timing_cache")} | first_then_median(
-        lambda: ctx.run(feeds), args.repeats, keep)
+    return ({"build_seconds": info["build_seconds"], "timing_cache": info.get("timing_cache")}
+            | first_calls(lambda: ctx.run(feeds), keep), lambda: ctx.run(feeds))
 
 
-def bench_peer(fn: Callable, call_args: list[torch.Tensor], repeats: int) -> dict:
+def peer_call(fn: Callable, call_args: list[torch.Tensor]) -> Callable[[], object]:
     def call():
         with torch.no_grad():
             return fn(*call_args)
-    return first_then_median(call, repeats)
+    return call
 
 
 def bench_shape(spec: Spec, shape: Shape, model: dict, args, budget: Budget) -> dict:
-    """One row: every contender at `shape`, on the same inputs."""
+    """One row: every contender at `shape`, on the same inputs: first calls one after another, then the timed calls
+    interleaved."""
     inputs = spec.inputs(shape[0], shape[1] if spec.task == "text" else IMAGE_SIZE)
     feeds = {k: v.to(args.device) for k, v in inputs.items()}
     row = {"model": spec.name, "shape": label(shape), "batch": shape[0],
            "input_shapes": {k: list(v.shape) for k, v in inputs.items()}}
     where = f"{spec.name} {label(shape)}"
-    dyn_out, static_out = {}, {}
+    dyn_out, static_out, calls = {}, {}, {}
     ctx = model["ctx"]
-    row["kiln_dynamic"] = guarded("kiln dynamic", lambda: first_then_median(lambda: ctx.run(feeds), args.repeats,
-                                                                             dyn_out))
+    row["kiln_dynamic"] = guarded("kiln dynamic", lambda: first_calls(lambda: ctx.run(feeds), dyn_out))
     row["kiln_dynamic"]["eager_reasons"] = sorted(set(ctx.eager_reasons.values()))  # signatures run without a graph
+    calls["kiln_dynamic"] = lambda: ctx.run(feeds)
     budget.log(f"{where}: kiln dynamic {_brief(row['kiln_dynamic'])}; building the static engine")
-    row["kiln_static"] = guarded("kiln static", lambda: bench_static(model["path"], feeds, args, static_out))
+    static = guarded("kiln static", lambda: dict(zip(("m", "call"), bench_static(model["path"], feeds, args,
+                                                                                   static_out))))
+    row["kiln_static"] = static.get("m", static)
+    if "call" in static:
+        calls["kiln_static"] = static["call"]
     budget.log(f"{where}: kiln static {_brief(row['kiln_static'])}")
     if dyn_out and static_out:
         names = [n for n in static_out if n in dyn_out]
         row["dynamic_vs_static"] = accuracy(names, [dyn_out[n] for n in names], [static_out[n] for n in names])
         row["max_abs_diff"] = max(a["max_abs_err"] for a in row["dynamic_vs_static"].values())
+    entries = {"kiln_dynamic": row["kiln_dynamic"], "kiln_static": row["kiln_static"]}
     if model.get("peers"):
         row["peers"] = {}
         call_args = cast_inputs(inputs, "fp16", args.device, spec.channels_last)
         for peer, fn in model["peers"].items():
-            row["peers"][peer] = guarded(peer, lambda: bench_peer(fn, call_args, args.repeats))
+            calls[peer] = peer_call(fn, call_args)
+            row["peers"][peer] = entries[peer] = guarded(peer, lambda: first_calls(calls[peer]))
             budget.log(f"{where}: {peer} {_brief(row['peers'][peer])}")
+    live = {n: c for n, c in calls.items() if "error" not in entries[n]}
+    for name, got in interleaved(live, args.repeats).items():
+        entries[name] |= got
+    budget.log(f"{where}: medians " + ", ".join(f"{n} {m['median_ms']:.3f}" for n, m in entries.items()
+                                                if "median_ms" in m) + " ms")
     return ratios(row)
 
 
@@ -202,7 +257,7 @@ def _brief(m: dict) -> str:
     build = f", build {m['build_seconds']:.1f} s" if "build_seconds" in m else ""
     c = m.get("first_call_costs", {})
     costs = f" (gc {c['gc_ms']:.1f} ms, {c.get('device_allocs', 0)} device allocs)" if c else ""
-    return f"first {m['first_call_ms']:.1f} ms{costs}, median {m['median_ms']:.3f} ms{build}"
+    return f"first {m['first_call_ms']:.1f} ms{costs}{build}"
 
 
 def setup_model(spec: Spec, args, budget: Budget, info: dict) -> dict:
@@ -384,7 +439,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a compile per shape
     now = datetime.now(timezone.utc)
     run = {"started": now.isoformat(timespec="seconds"), "argv": argv, "settings": {
-        "timing": f"call, synchronize; median of {args.repeats} after {WARMUP} warm-up calls", "repeats": args.repeats,
+        "timing": f"call, synchronize; median of {args.repeats} after {WARMUP} warm-up calls, the contenders "
+        f"interleaved in {ROUNDS} rounds", "repeats": args.repeats, "rounds": ROUNDS,
         "warmup": WARMUP, "cudnn_benchmark": True, "peer_setup": "model and float inputs in fp16 (CNNs channels_last) "
         "on the device; torch.no_grad; kiln takes the same inputs in fp32 (keep_io_precision)"}}
     results = {"device": device_info(args.device), "date": now.date().isoformat(), "versions": versions(),

@@ -184,8 +184,29 @@ def test_first_call_costs_count_garbage_collections_in_the_first_call():
             gc.collect()
         return {}
 
-    m = dynamic.first_then_median(fn, repeats=3)
+    m = dynamic.first_calls(fn)
     assert m["first_call_costs"]["gc_runs"] >= 1 and m["first_call_costs"]["gc_ms"] > 0
-    quiet = dynamic.first_then_median(lambda: {}, repeats=3)["first_call_costs"]
+    quiet = dynamic.first_calls(lambda: {})["first_call_costs"]
     assert quiet["gc_runs"] == 0 and quiet["gc_ms"] == 0
-    assert "gc" in dynamic._brief(m | {"median_ms": 0.1})
+    assert "gc" in dynamic._brief(m)
+
+
+def test_timed_calls_interleave_in_rotating_rounds_and_a_failure_stays_its_own():
+    """Every contender runs its share in each round, the first of a round rotating; one that fails mid-way is an
+    error and the others still get all their calls."""
+    order = []
+
+    def contender(name, fail_at=None):
+        def fn():
+            order.append(name)
+            if fail_at is not None and order.count(name) == fail_at:
+                raise RuntimeError("boom")
+        return fn
+
+    out = dynamic.interleaved({"a": contender("a"), "b": contender("b"), "c": contender("c", fail_at=15)}, repeats=10,
+                              rounds=5)
+    timed = order[3 * dynamic.WARMUP:]
+    assert timed[:6] == ["a", "a", "b", "b", "c", "c"] and timed[6:12] == ["b", "b", "c", "c", "a", "a"]
+    assert order.count("a") == order.count("b") == dynamic.WARMUP + 10
+    assert set(out["a"]) == {"median_ms", "round_medians_ms"} and len(out["a"]["round_medians_ms"]) == 5
+    assert "boom" in out["c"]["error"]
