@@ -77,6 +77,8 @@ def main() -> None:
                 step(f"{text} eager", lambda: [module(*args16) for _ in range(2)])
                 step(f"{text} reduce-overhead", lambda: [ro(*args16) for _ in range(2)])
             step(f"{text} empty_cache", torch.cuda.empty_cache)
+        step(f"{text} cuBLAS workspaces cleared (as reduce-overhead does), empty_cache",
+             lambda: (torch._C._cuda_clearCublasWorkspaces(), torch.cuda.empty_cache()))
         gc.collect()
         got = step(f"{text} dynamic replay after the others", lambda: ctx.run(feeds))
         print(f"    replay vs first: max diff {same(got, firsts[text][1]):.3g}", flush=True)

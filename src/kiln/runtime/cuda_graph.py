@@ -29,6 +29,14 @@ def signature(inputs: dict[str, torch.Tensor]) -> Signature | None:
     return tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()))
 
 
+def clear_blas_workspaces() -> None:
+    """Drop torch's per-stream cuBLAS / cuBLASLt workspaces (torch's cudagraph trees do the same around recording),
+    so the next ones are made where the next matmul runs: inside a capture, in that graph's private pool."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # absent from CPU builds
+    if clear is not None:
+        clear()
+
+
 class CapturedRun:
     """One captured engine run with its static input and output buffers.
 
@@ -58,6 +66,10 @@ class CapturedRun:
             if warm:
                 run(self.inputs)
             stream.synchronize()
+            # cuBLAS(Lt) keeps a workspace per stream, made outside any capture by the warm-up; others free it at will
+            # (torch.compile's reduce-overhead clears every workspace before recording), and a graph replayed on
+            # freed memory faults. Cleared here, the capture makes its own in this graph's private pool
+            clear_blas_workspaces()
             # capture_begin / capture_end rather than torch.cuda.graph, which also runs gc.collect() and
             # empty_cache() first: ~15 ms of a first call at a new shape
             self.graph.capture_begin(pool, capture_error_mode="thread_local")
