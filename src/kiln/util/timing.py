@@ -7,6 +7,7 @@ The autotuner (builder), the layer profile and the query phases (bench) and the 
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import statistics
@@ -153,28 +154,61 @@ def clock(device: str, slots: int = 1, spin_cycles: int = 0) -> CpuClock | CudaC
 
 
 def device_time_us(kernel: Callable, inputs, repeats: int, warmup: int = 3) -> float:
-    """Median device microseconds of `repeats` runs of `kernel(inputs)`, each between CUDA events queued behind a
-    spin kernel: the host enqueues the run while the GPU spins, so its launch cost (tens of µs in Triton's Python
-    launcher) is not counted, as it is not in the CUDA graph an engine replays. The garbage collector waits
-    meanwhile (a collection would outlast the spin)."""
+    """Median device microseconds of `repeats` runs of `kernel(inputs)`, each between CUDA events. Every run is
+    queued behind one spin kernel long enough to cover the host's enqueueing of all of them, so the GPU then runs
+    them back to back and no launch cost (tens of µs in Triton's Python launcher) is counted, as none is in the CUDA
+    graph an engine replays. Where the host outlasted the spin (a kernel that waits for the GPU), each run gets a
+    spin of its own instead. The garbage collector waits meanwhile (a collection would outlast the spin)."""
     for _ in range(warmup):
         kernel(inputs)
-    times = []
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(repeats):
-            start, end = cuda_event(), cuda_event()
-            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
-            start.record()
+        per_ms = _cycles_per_ms(torch.cuda.current_device())
+        start = time.perf_counter()
+        kernel(inputs)  # one more warm-up, timed on the host: what enqueueing a run costs
+        cycles = cover_cycles(repeats, (time.perf_counter() - start) * 1e3, per_ms)
+        events = [(cuda_event(), cuda_event()) for _ in range(repeats)]
+        torch.cuda._sleep(cycles)
+        start = time.perf_counter()
+        for first, last in events:
+            first.record()
             kernel(inputs)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0)
+            last.record()
+        enqueue_ms = (time.perf_counter() - start) * 1e3
+        events[-1][1].synchronize()
+        if per_ms is not None and enqueue_ms < 0.9 * cycles / per_ms:
+            return statistics.median(a.elapsed_time(b) * 1000.0 for a, b in events)
+        times = []
+        for _ in range(repeats):  # a spin per run
+            first, last = cuda_event(), cuda_event()
+            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
+            first.record()
+            kernel(inputs)
+            last.record()
+            last.synchronize()
+            times.append(first.elapsed_time(last) * 1000.0)
+        return statistics.median(times)
     finally:
         if collecting:
             gc.enable()
-    return statistics.median(times)
+
+
+MAX_COVER_MS = 50.0
+
+
+def cover_cycles(repeats: int, host_ms: float, cycles_per_ms: float | None) -> int:
+    """Spin cycles that outlast the host's enqueueing of `repeats` runs costing `host_ms` each (twice that, plus
+    0.2 ms), at least LAUNCH_COVER_CYCLES and at most MAX_COVER_MS."""
+    if not cycles_per_ms:
+        return LAUNCH_COVER_CYCLES
+    want = (2 * repeats * host_ms + 0.2) * cycles_per_ms
+    return int(min(max(want, LAUNCH_COVER_CYCLES), MAX_COVER_MS * cycles_per_ms))
+
+
+@functools.lru_cache(maxsize=None)
+def _cycles_per_ms(device_index: int) -> float | None:
+    return sleep_cycles_per_ms()
 
 
 def sleep_cycles_per_ms() -> float | None:
