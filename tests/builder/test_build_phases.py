@@ -80,7 +80,7 @@ def test_autotuner_counts_are_consistent(tmp_path, monkeypatch):
     net = engine.network
     specs = [layer_spec(net, layer, engine.weights, False) for layer in net.layers]
     assert all(s.static for s in specs)
-    monkeypatch.setattr(autotune, "device_time_us", lambda kernel, args, repeats: 1.0)
+    monkeypatch.setattr(autotune, "device_time_us", lambda kernel, args, repeats, cutoff_us=None: 1.0)
     monkeypatch.setattr(registry, "candidates", lambda spec, device: ([_Tactic()], []))
     phases = PhaseTimes()
     tuner = Autotuner(_Device(), 3, False, TimingCache(tmp_path / "timing.cache"), phases=phases)
@@ -109,3 +109,21 @@ def test_calibration_is_its_own_phase(tmp_path):
     phases = engine.build_info["build_phases"]
     assert phases["calibration"] > 0 and list(phases).index("precision") < list(phases).index("calibration")
     assert sum(phases.values()) <= engine.build_info["build_seconds"] + 1e-5
+
+
+def test_later_candidates_are_timed_against_a_cutoff_of_three_times_the_best(tmp_path, monkeypatch):
+    """The first timed candidate of a layer runs in full; each later one gets a cutoff of CUTOFF x the best so far."""
+    engine = kiln.build(str(tiny_model(tmp_path / "tiny.onnx")), kiln.BuildConfig(device="cpu",
+                                                                                    profiles=({"x": _fixed()},)))
+    spec = layer_spec(engine.network, engine.network.layers[0], engine.weights, False)
+    cutoffs, times = [], iter([5.0, 2.0])
+
+    def timed(kernel, args, repeats, cutoff_us=None):
+        cutoffs.append(cutoff_us)
+        return next(times)
+
+    monkeypatch.setattr(autotune, "device_time_us", timed)
+    monkeypatch.setattr(registry, "candidates", lambda spec, device: ([_Tactic()], []))
+    with torch.no_grad():
+        choice = Autotuner(_Device(), 3, False, None).choose(spec)
+    assert cutoffs == [None, autotune.CUTOFF * 5.0] and choice.microseconds == 2.0

@@ -36,3 +36,21 @@ def test_gpu_device_time_is_the_kernels_not_the_hosts():
         return (x + 1).item()
 
     assert 35 < timing.device_time_us(syncs, None, 5) < 200
+
+
+@pytest.mark.gpu
+def test_gpu_a_candidate_far_over_the_cutoff_is_not_timed_in_full():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    per_ms = timing.sleep_cycles_per_ms()
+    calls = []
+
+    def spin_500us(_):
+        calls.append(1)
+        torch.cuda._sleep(int(per_ms * 0.5))
+
+    assert timing.device_time_us(spin_500us, None, 20, cutoff_us=100.0) > 400
+    assert len(calls) == 3  # the warm-up runs only
+    calls.clear()
+    assert 400 < timing.device_time_us(spin_500us, None, 20, cutoff_us=2000.0) < 700
+    assert len(calls) == 23

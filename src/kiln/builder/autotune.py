@@ -28,6 +28,7 @@ from kiln.util.timing import device_time_us
 
 REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
 CONFIGS_PER_TACTIC = {0: 1, 1: 1, 2: 2, 3: 8, 4: 32, 5: 1000}
+CUTOFF = 3.0  # a candidate whose one warm-up run took over 3x the best time so far is timed no further
 TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 # Quantized layers (int32 accumulation is exact in every tactic): a requantized int8 output may differ by
 # 1 LSB (an fp32 epilogue value one ulp apart lands on the other side of a .5); a dequantized fp32 output
@@ -305,8 +306,10 @@ class Autotuner:
                 if self.level == 0:
                     return Choice(tactic.name, config, None, "heuristic", rejected)
                 self.phases.count("candidates timed")
-                with self.phases.phase("tune: timing"):
-                    us = device_time_us(kernel, args, REPEATS[self.level])
+                best = min((t[0] for t in timed), default=None)
+                with self.phases.phase("tune: timing"):  # one far slower than the best so far is not timed in full
+                    us = device_time_us(kernel, args, REPEATS[self.level],
+                                        cutoff_us=None if best is None else CUTOFF * best)
                 timed.append((us, tactic.name, config, label))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)

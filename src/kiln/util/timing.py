@@ -153,21 +153,31 @@ def clock(device: str, slots: int = 1, spin_cycles: int = 0) -> CpuClock | CudaC
     return CudaClock(slots, spin_cycles) if device.startswith("cuda") else CpuClock(slots)
 
 
-def device_time_us(kernel: Callable, inputs, repeats: int, warmup: int = 3) -> float:
+def device_time_us(kernel: Callable, inputs, repeats: int, warmup: int = 3, cutoff_us: float | None = None) -> float:
     """Median device microseconds of `repeats` runs of `kernel(inputs)`, each between CUDA events. Every run is
     queued behind one spin kernel long enough to cover the host's enqueueing of all of them, so the GPU then runs
     them back to back and no launch cost (tens of µs in Triton's Python launcher) is counted, as none is in the CUDA
     graph an engine replays. Where the host outlasted the spin (a kernel that waits for the GPU), each run gets a
-    spin of its own instead. The garbage collector waits meanwhile (a collection would outlast the spin)."""
-    for _ in range(warmup):
+    spin of its own instead. `cutoff_us`: the last warm-up run is timed too, and if even its time less the host's
+    enqueueing exceeds the cutoff (a candidate far slower than the best so far) that time is returned at once.
+    The garbage collector waits meanwhile (a collection would outlast the spin)."""
+    for _ in range(warmup - 1):
         kernel(inputs)
     collecting = gc.isenabled()
     gc.disable()
     try:
         per_ms = _cycles_per_ms(torch.cuda.current_device())
+        first, last = cuda_event(), cuda_event()
+        first.record()
         start = time.perf_counter()
-        kernel(inputs)  # one more warm-up, timed on the host: what enqueueing a run costs
-        cycles = cover_cycles(repeats, (time.perf_counter() - start) * 1e3, per_ms)
+        kernel(inputs)  # the last warm-up run: what enqueueing a run costs the host, and an upper bound of its time
+        host_ms = (time.perf_counter() - start) * 1e3
+        last.record()
+        last.synchronize()
+        bound_us = first.elapsed_time(last) * 1000.0
+        if cutoff_us is not None and bound_us - host_ms * 1000.0 > cutoff_us:
+            return bound_us
+        cycles = cover_cycles(repeats, host_ms, per_ms)
         events = [(cuda_event(), cuda_event()) for _ in range(repeats)]
         torch.cuda._sleep(cycles)
         start = time.perf_counter()
