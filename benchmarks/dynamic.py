@@ -39,7 +39,7 @@ import torch
 import kiln
 from benchmarks.models import SPECS, Spec, instantiate, onnx_file
 from benchmarks.peers import cast_inputs, prepare
-from benchmarks.probes.harness import Budget, sync
+from benchmarks.probes.harness import Budget, calls_ms, sync
 from benchmarks.suite import CACHE, RESULTS, accuracy, device_info, guarded, versions
 
 MODELS = ("minilm", "bert", "resnet50")
@@ -132,13 +132,13 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, rounds: int 
     per_round: dict[str, list[float]] = {n: [] for n in fns}
     out: dict[str, dict] = {}
     for name, fn in fns.items():
-        out[name] = guarded(f"{name} warm-up", lambda fn=fn: _calls_ms(fn, WARMUP) and {})
+        out[name] = guarded(f"{name} warm-up", lambda fn=fn: calls_ms(fn, WARMUP) and {})
     share = [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
     for r in range(rounds):
         names = [n for n in fns if "error" not in out[n]]
         for name in names[r % len(names):] + names[:r % len(names)] if names else []:
             try:  # not `guarded`: its empty_cache between contenders would make the next one allocate again
-                ms = _calls_ms(fns[name], share[r])
+                ms = calls_ms(fns[name], share[r])
             except Exception as e:  # recorded, and the others go on
                 out[name] = {"error": f"timed calls failed: {type(e).__name__}: {e}"[:300]}
                 continue
@@ -149,18 +149,6 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, rounds: int 
         if "error" not in out[name]:
             out[name] = {"median_ms": float(np.median(times[name])), "round_medians_ms": per_round[name]}
     return out
-
-
-def _calls_ms(fn: Callable[[], object], n: int) -> list[float]:
-    """ms of each of `n` calls of fn, each synchronized before and after."""
-    ms = []
-    for _ in range(n):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        ms.append((time.perf_counter() - start) * 1e3)
-    return ms
 
 
 @contextlib.contextmanager

@@ -124,14 +124,19 @@ def wall_ms(fn: Callable[[], object], iters: int = 100, warmup: int = 10) -> flo
     """Median host time of call + synchronize, on any device."""
     for _ in range(warmup):
         fn()
+    return float(np.median(calls_ms(fn, iters)))
+
+
+def calls_ms(fn: Callable[[], object], n: int) -> list[float]:
+    """Host ms of each of `n` calls of fn, each synchronized before and after."""
     times = []
-    for _ in range(iters):
+    for _ in range(n):
         sync()
         t = time.perf_counter()
         fn()
         sync()
         times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return times
 
 
 def autotuner_us(fn: Callable[[], object], repeats: int = 20) -> float:
