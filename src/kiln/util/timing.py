@@ -157,10 +157,11 @@ def device_time_us(kernel: Callable, inputs, repeats: int, warmup: int = 3, cuto
     """Median device microseconds of `repeats` runs of `kernel(inputs)`, each between CUDA events. Every run is
     queued behind one spin kernel long enough to cover the host's enqueueing of all of them, so the GPU then runs
     them back to back and no launch cost (tens of µs in Triton's Python launcher) is counted, as none is in the CUDA
-    graph an engine replays. Where the host outlasted the spin (a kernel that waits for the GPU), each run gets a
-    spin of its own instead. `cutoff_us`: the last warm-up run is timed too, and if even its time less the host's
-    enqueueing exceeds the cutoff (a candidate far slower than the best so far) that time is returned at once.
-    The garbage collector waits meanwhile (a collection would outlast the spin)."""
+    graph an engine replays. Where the spin had ended before the host queued the last run (the host was slower
+    than estimated, or a kernel waits for the GPU), each run gets a spin of its own instead. `cutoff_us`: the last
+    warm-up run is timed too, and if even its time less the host's enqueueing exceeds the cutoff (a candidate far
+    slower than the best so far) that time is returned at once. The garbage collector waits meanwhile (a collection
+    would outlast the spin)."""
     for _ in range(warmup - 1):
         kernel(inputs)
     collecting = gc.isenabled()
@@ -177,17 +178,17 @@ def device_time_us(kernel: Callable, inputs, repeats: int, warmup: int = 3, cuto
         bound_us = first.elapsed_time(last) * 1000.0
         if cutoff_us is not None and bound_us - host_ms * 1000.0 > cutoff_us:
             return bound_us
-        cycles = cover_cycles(repeats, host_ms, per_ms)
         events = [(cuda_event(), cuda_event()) for _ in range(repeats)]
-        torch.cuda._sleep(cycles)
-        start = time.perf_counter()
+        torch.cuda._sleep(cover_cycles(repeats, host_ms, per_ms))
+        spun = cuda_event()
+        spun.record()
         for first, last in events:
             first.record()
             kernel(inputs)
             last.record()
-        enqueue_ms = (time.perf_counter() - start) * 1e3
+        covered = not spun.query()  # the GPU still spun once every run was queued: it never waited for a launch
         events[-1][1].synchronize()
-        if per_ms is not None and enqueue_ms < 0.9 * cycles / per_ms:
+        if covered:
             return statistics.median(a.elapsed_time(b) * 1000.0 for a, b in events)
         times = []
         for _ in range(repeats):  # a spin per run
