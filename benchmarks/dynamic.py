@@ -132,7 +132,7 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, rounds: int 
     per_round: dict[str, list[float]] = {n: [] for n in fns}
     out: dict[str, dict] = {}
     for name, fn in fns.items():
-        out[name] = guarded(f"{name} warm-up", lambda fn=fn: calls_ms(fn, WARMUP) and {})
+        out[name] = guarded(f"{name} warm-up", lambda fn=fn: {"warmup": len(calls_ms(fn, WARMUP))})
     share = [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
     for r in range(rounds):
         names = [n for n in fns if "error" not in out[n]]
@@ -183,13 +183,15 @@ def _config(args, profiles) -> kiln.BuildConfig:
                             timing_cache=str(args.cache / "timing-cache.sqlite"))
 
 
-def bench_static(path: Path, feeds: dict, args, keep: dict) -> tuple[dict, Callable[[], object]]:
-    """(build seconds, timing cache and first calls of an engine built for exactly these feeds' shapes, its call)."""
+def bench_static(path: Path, feeds: dict, args, keep: dict, calls: dict) -> dict:
+    """Build seconds, timing cache and first calls of an engine built for exactly these feeds' shapes; its call goes
+    into `calls` as "kiln_static"."""
     engine = kiln.build(path, _config(args, ({k: (tuple(v.shape),) * 3 for k, v in feeds.items()},)))
     ctx = engine.create_context()
     info = engine.build_info
-    return ({"build_seconds": info["build_seconds"], "timing_cache": info.get("timing_cache")}
-            | first_calls(lambda: ctx.run(feeds), keep), lambda: ctx.run(feeds))
+    calls["kiln_static"] = lambda: ctx.run(feeds)
+    return {"build_seconds": info["build_seconds"], "timing_cache": info.get("timing_cache")} | first_calls(
+        calls["kiln_static"], keep)
 
 
 def peer_call(fn: Callable, call_args: list[torch.Tensor]) -> Callable[[], object]:
@@ -213,11 +215,7 @@ def bench_shape(spec: Spec, shape: Shape, model: dict, args, budget: Budget) -> 
     row["kiln_dynamic"]["eager_reasons"] = sorted(set(ctx.eager_reasons.values()))  # signatures run without a graph
     calls["kiln_dynamic"] = lambda: ctx.run(feeds)
     budget.log(f"{where}: kiln dynamic {_brief(row['kiln_dynamic'])}; building the static engine")
-    static = guarded("kiln static", lambda: dict(zip(("m", "call"), bench_static(model["path"], feeds, args,
-                                                                                   static_out))))
-    row["kiln_static"] = static.get("m", static)
-    if "call" in static:
-        calls["kiln_static"] = static["call"]
+    row["kiln_static"] = guarded("kiln static", lambda: bench_static(model["path"], feeds, args, static_out, calls))
     budget.log(f"{where}: kiln static {_brief(row['kiln_static'])}")
     if dyn_out and static_out:
         names = [n for n in static_out if n in dyn_out]
@@ -231,7 +229,7 @@ def bench_shape(spec: Spec, shape: Shape, model: dict, args, budget: Budget) -> 
             calls[peer] = peer_call(fn, call_args)
             row["peers"][peer] = entries[peer] = guarded(peer, lambda: first_calls(calls[peer]))
             budget.log(f"{where}: {peer} {_brief(row['peers'][peer])}")
-    live = {n: c for n, c in calls.items() if "error" not in entries[n]}
+    live = {n: c for n, c in calls.items() if n in entries and "error" not in entries[n]}
     for name, got in interleaved(live, args.repeats).items():
         entries[name] |= got
     budget.log(f"{where}: medians " + ", ".join(f"{n} {m['median_ms']:.3f}" for n, m in entries.items()
