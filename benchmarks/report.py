@@ -132,8 +132,11 @@ def _remarks(results: Results, notes: list[str]) -> list[str]:
         phases = (r.get("kiln") or {}).get("build_phases")
         if phases:  # issue 27 target 2: where each build's seconds went, its three largest phases
             top = sorted(phases.items(), key=lambda kv: -kv[1])[:3]
+            busy = list(((r.get("kiln") or {}).get("build_check_seconds") or {}).items())[:3]
             out.append(f"- {r['model']} b{r['batch']} {r['precision']} build: "
-                       + ", ".join(f"{name} {sec:.1f} s" for name, sec in top))
+                       + ", ".join(f"{name} {sec:.1f} s" for name, sec in top)
+                       + ("; compile + check by tactic (thread-seconds): "
+                          + ", ".join(f"{name} {sec:.1f}" for name, sec in busy) if busy else ""))
     for r in results["rows"]:
         if r.get("flops_uncounted"):
             out.append(f"- {r['model']} b{r['batch']}: FLOPs exclude {len(r['flops_uncounted'])} node(s) with "

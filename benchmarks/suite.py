@@ -172,6 +172,7 @@ def bench_kiln(spec: Spec, path: Path, inputs: dict, want: list, precision: str,
     result = {"build_seconds": info["build_seconds"], "tactics": info.get("tactics"),
               "timing_cache": info.get("timing_cache"), "build_notes": info.get("notes"),
               "build_phases": info.get("build_phases"), "build_counts": info.get("build_counts"),
+              "build_check_seconds": info.get("build_check_seconds"),
               "accuracy": accuracy(spec.output_names, [outs[n] for n in spec.output_names], want)}
     return result | timed(lambda: ctx.run(feeds), args.device, next(iter(shapes.values()))[0], args.quick)
 

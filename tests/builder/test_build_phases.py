@@ -98,6 +98,33 @@ def test_autotuner_counts_are_consistent(tmp_path, monkeypatch):
     assert {"tune: reference", "tune: compile + check", "tune: timing"} <= set(phases.seconds)
 
 
+def test_busy_seconds_add_up_across_threads_and_list_the_costliest_first():
+    p = PhaseTimes()
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: p.tally("a" if i % 4 else "b", 0.5), range(400)))
+    assert p.to_json()["busy"] == {"a": 150.0, "b": 50.0} and list(p.to_json()["busy"]) == ["a", "b"]
+
+
+def test_the_autotuner_tallies_each_tactics_compile_and_check_time(tmp_path, monkeypatch):
+    engine = kiln.build(str(tiny_model(tmp_path / "tiny.onnx")), kiln.BuildConfig(device="cpu",
+                                                                                    profiles=({"x": _fixed()},)))
+    spec = layer_spec(engine.network, engine.network.layers[0], engine.weights, False)
+    monkeypatch.setattr(autotune, "device_time_us", lambda kernel, args, repeats, cutoff_us=None: 1.0)
+    monkeypatch.setattr(registry, "candidates", lambda spec, device: ([_Tactic()], []))
+    slow = _Tactic.compile
+
+    def compile_slowly(self, spec, config, device):
+        time.sleep(0.01)
+        return slow(self, spec, config, device)
+
+    monkeypatch.setattr(_Tactic, "compile", compile_slowly)
+    phases = PhaseTimes()
+    with torch.no_grad():
+        Autotuner(_Device(), 3, False, None, phases=phases).choose(spec)
+    assert set(phases.busy) == {"fake"} and phases.busy["fake"] >= 3 * 0.01  # three configs, each compiled
+
+
 def _fixed():
     return kiln.ShapeRange.fixed((2, 4))
 

@@ -23,7 +23,8 @@ def test_build_json_has_the_breakdown(tmp_path):
     result = invoke("build", str(model), "-o", str(tmp_path / "m.plan"), "--device", "cpu", "--json")
     assert result.exit_code == 0, result.output
     t = json.loads(result.stdout)["build_time"]
-    assert set(t) == {"phases", "counts", "total_seconds", "unaccounted_seconds"}
+    assert set(t) == {"phases", "counts", "check_seconds_by_tactic", "total_seconds", "unaccounted_seconds"}
+    assert t["check_seconds_by_tactic"] == {}  # the CPU backend compiles and checks no candidates
     assert {"load", "import", "optimize", "precision", "engine: kernels", "save"} <= set(t["phases"])
     assert all(s >= 0 for s in t["phases"].values()) and t["unaccounted_seconds"] >= 0
     assert sum(t["phases"].values()) <= t["total_seconds"] + 1e-5
@@ -55,3 +56,16 @@ def test_a_plan_without_the_breakdown_still_loads_and_inspects(tmp_path):
     assert result.exit_code == 0, result.output
     assert "Build time" not in result.stdout
     assert json.loads(invoke("inspect", str(tmp_path / "old.plan"), "--json").stdout)["build_time"] is None
+
+
+def test_the_table_names_the_tactics_whose_checks_took_longest():
+    from kiln.cli.build import build_time, build_time_table
+    from rich.console import Console
+    info = {"build_phases": {"tune: compile + check": 3.0}, "build_seconds": 4.0, "build_counts": {"layers": 3},
+            "build_check_seconds": {"triton_conv": 2.5, "cudnn_conv": 7.25, "bad": "x", "neg": -1}}
+    t = build_time(info)
+    assert t["check_seconds_by_tactic"] == {"cudnn_conv": 7.25, "triton_conv": 2.5}  # untrusted values dropped
+    console = Console(width=200, record=True)
+    console.print(build_time_table(t))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert "thread-seconds: cudnn_conv 7.2, triton_conv 2.5" in text

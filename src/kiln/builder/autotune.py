@@ -230,12 +230,14 @@ class Autotuner:
 
         def one(item):
             tactic, config = item
+            start = time.perf_counter()
             kernel, args, why = self._check(tactic, config, spec, reference)
             for what, probe, ref in others if not why else ():
                 why = self._check(tactic, config, probe, ref)[2]
                 if why:
                     why = f"fails at {what}: {why}"[:300]
                     break
+            self.phases.tally(tactic.name, time.perf_counter() - start)  # which tactics the compile + check costs
             return tactic, config, kernel, args, why
 
         if self.compile_threads > 1 and self.level > 0 and self.workspace is None and len(todo) > 1:

@@ -286,6 +286,7 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
     engine.build_info["build_seconds"] = time.perf_counter() - t0
     engine.build_info["build_phases"] = phases.to_json()["seconds"]
     engine.build_info["build_counts"] = phases.to_json()["counts"]
+    engine.build_info["build_check_seconds"] = phases.to_json()["busy"]  # compile + check per tactic, thread-seconds
     ctx.progress("done", len(STAGES), len(STAGES))
     return engine
 

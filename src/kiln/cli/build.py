@@ -98,16 +98,24 @@ def build_time(info: dict, after: dict[str, float] | None = None) -> dict | None
     warm_up = _seconds(info.get("warm_up_seconds"))
     later = {**({"warm-up": warm_up} if warm_up else {}), **(after or {})}
     counts = info.get("build_counts") if isinstance(info.get("build_counts"), dict) else {}
+    busy = info.get("build_check_seconds") if isinstance(info.get("build_check_seconds"), dict) else {}
+    busy = {str(k): _seconds(v) for k, v in busy.items()}
     return {"phases": seconds | later,
             "counts": {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)},
+            "check_seconds_by_tactic": dict(sorted(((k, v) for k, v in busy.items() if v is not None),
+                                                   key=lambda kv: -kv[1])),
             "total_seconds": total + sum(later.values()),
             "unaccounted_seconds": max(0.0, total - sum(seconds.values()))}
 
 
 def build_time_table(t: dict) -> Table:
-    """The "Build time" table: each phase's seconds and share of the total, then the autotuner's counts."""
+    """The "Build time" table: each phase's seconds and share of the total, then the autotuner's counts and the
+    tactics whose candidates took the most compile + check time (thread-seconds: threads overlap)."""
+    busy = ", ".join(f"{k} {s:.1f}" for k, s in list(t.get("check_seconds_by_tactic", {}).items())[:5])
+    caption = [", ".join(f"{k}: {n}" for k, n in t["counts"].items()),
+               f"compile + check by tactic, thread-seconds: {busy}" if busy else ""]
     table = Table(title="Build time", title_justify="left", caption_justify="left",
-                  caption=", ".join(f"{k}: {n}" for k, n in t["counts"].items()) or None)
+                  caption="\n".join(c for c in caption if c) or None)
     for col in ("phase", "seconds", "share"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     total = t["total_seconds"]

@@ -8,6 +8,7 @@ wall time around them, never counting a second twice. perf_counter only: a few m
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -15,10 +16,13 @@ from typing import Iterator
 
 @dataclass
 class PhaseTimes:
-    """Exclusive wall seconds per phase (in first-entered order) and counts (candidates compiled, cache hits...)."""
+    """Exclusive wall seconds per phase (in first-entered order), counts (candidates compiled, cache hits...) and
+    busy seconds per worker kind (thread-seconds, e.g. each tactic's compile + check, summed over the threads)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    busy: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # `tally` runs on worker threads
     _inner: list[float] = field(default_factory=list, repr=False)  # per open phase, the seconds its inner ones took
 
     @contextlib.contextmanager
@@ -46,7 +50,14 @@ class PhaseTimes:
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
 
+    def tally(self, name: str, seconds: float) -> None:
+        """Add `seconds` of one thread's work to `name` (thread-safe): busy time, which may overlap other threads'."""
+        with self._lock:
+            self.busy[name] = self.busy.get(name, 0.0) + seconds
+
     def to_json(self) -> dict:
-        """{"seconds": {phase: s}, "counts": {what: n}}: plain JSON data, for the plan's build info."""
-        return {"seconds": {k: round(v, 6) for k, v in self.seconds.items()}, "counts": dict(self.counts)}
+        """{"seconds": {phase: s}, "counts": {what: n}, "busy": {what: thread-seconds}}: plain JSON data, for the
+        plan's build info."""
+        return {"seconds": {k: round(v, 6) for k, v in self.seconds.items()}, "counts": dict(self.counts),
+                "busy": {k: round(v, 6) for k, v in sorted(self.busy.items(), key=lambda kv: -kv[1])}}
 
