@@ -86,7 +86,8 @@ def test_autotuner_counts_are_consistent(tmp_path, monkeypatch):
     tuner = Autotuner(_Device(), 3, False, TimingCache(tmp_path / "timing.cache"), phases=phases)
     with torch.no_grad():
         first = [tuner.choose(s) for s in specs]
-        again = [tuner.choose(s) for s in specs]  # from the timing cache
+        again = [Autotuner(_Device(), 3, False, tuner.cache, phases=phases).choose(s)  # another build's tuner:
+                 for s in specs]                                                       # from the timing cache
     assert all(c.source == "timed" and len(c.timed) == 2 for c in first)
     assert all(c.source == "cache" for c in again)
     n = len(specs)
@@ -123,6 +124,29 @@ def test_the_autotuner_tallies_each_tactics_compile_and_check_time(tmp_path, mon
     with torch.no_grad():
         Autotuner(_Device(), 3, False, None, phases=phases).choose(spec)
     assert set(phases.busy) == {"fake"} and phases.busy["fake"] >= 3 * 0.01  # three configs, each compiled
+
+
+def test_a_layer_identical_to_one_tuned_is_not_tuned_again(tmp_path, monkeypatch):
+    """Without a timing cache too: the second of two identical layers takes the first's choice and layout timings."""
+    engine = kiln.build(str(tiny_model(tmp_path / "tiny.onnx")), kiln.BuildConfig(device="cpu",
+                                                                                    profiles=({"x": _fixed()},)))
+    spec = layer_spec(engine.network, engine.network.layers[0], engine.weights, False)
+    twin = layer_spec(engine.network, engine.network.layers[0], engine.weights, False)
+    twin = type(twin)("twin", twin.kind, twin.attrs, twin.inputs, twin.outputs)
+    assert twin.signature() == spec.signature()
+    times = iter([3.0, 2.0])
+    monkeypatch.setattr(autotune, "device_time_us", lambda kernel, args, repeats, cutoff_us=None: next(times))
+    monkeypatch.setattr(registry, "candidates", lambda spec, device: ([_Tactic()], []))
+    phases = PhaseTimes()
+    tuner = Autotuner(_Device(), 3, False, None, phases=phases)
+    tuner.by_layout[spec.name] = {"nhwc": (2.0, "fake", {"c": 1})}  # as _measure records a layout's best
+    with torch.no_grad():
+        first = tuner.choose(spec)
+        second = tuner.choose(twin)  # a third timing would exhaust `times`
+    assert (second.tactic, second.config, second.microseconds, second.timed) == \
+        (first.tactic, first.config, first.microseconds, first.timed) and second is not first
+    assert phases.counts["layers tuned"] == 1 and phases.counts["identical layers reused"] == 1
+    assert tuner.by_layout["twin"] == tuner.by_layout[spec.name]
 
 
 def _fixed():

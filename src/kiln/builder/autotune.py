@@ -172,6 +172,9 @@ class Autotuner:
         if workspace is not None:  # a choice made under a workspace limit is not the unlimited one
             self.env += f"|workspace<={workspace}"
         self.by_layout: dict[str, dict[str, tuple[float, str, dict]]] = {}  # layer → layout → best timing
+        # this build's measured choices by layer signature, with the layer's timings per layout: a layer identical
+        # to one already tuned (BERT's 12 encoder layers, a ResNet stage's blocks) is not tuned again, cache or not
+        self.tuned: dict[str, tuple[Choice, dict[str, tuple[float, str, dict]]]] = {}
         self.layout: str | None = None
 
     def choose_layout(self, choices: dict[str, Choice], only: set[str] | None = None) -> None:
@@ -209,6 +212,12 @@ class Autotuner:
             (what, c) for what, c in checks if c is not None and c.static and c.signature() != timed_spec.signature()]
         sig = spec.signature() if spec is timed_spec else f"{spec.signature()}@{timed_spec.signature()}"
         sig += "".join(f"|{c.signature()}" for _, c in probes)  # checked there too: another range, another answer
+        if sig in self.tuned and self.level > 0:
+            choice, layouts = self.tuned[sig]
+            self.phases.count("identical layers reused")
+            if layouts:
+                self.by_layout[spec.name] = dict(layouts)
+            return replace(choice)
         if self.cache is not None and self.level > 0:
             hit = self.cache.get(self.env, sig)
             if hit is not None and hit.tactic in {t.name for t in cands}:
@@ -217,6 +226,8 @@ class Autotuner:
             self.phases.count("timing cache misses")
         self.phases.count("layers tuned")
         choice = self._measure(timed_spec, cands, refused, probes)
+        if self.level > 0:
+            self.tuned[sig] = (choice, dict(self.by_layout.get(spec.name, {})))
         if self.cache is not None and self.level > 0:
             self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
         return choice
