@@ -228,8 +228,8 @@ class Autotuner:
         choice = self._measure(timed_spec, cands, refused, probes)
         if self.level > 0:
             self.tuned[sig] = (choice, dict(self.by_layout.get(spec.name, {})))
-        if self.cache is not None and self.level > 0:
-            self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
+            if self.cache is not None:
+                self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
         return choice
 
     def _checked(self, todo: list, spec: LayerSpec, reference: tuple, others: list) -> Iterator[tuple]:

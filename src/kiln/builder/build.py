@@ -284,9 +284,9 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
             int8_info["budget"]["cost"] = _fallback_cost(engine, before_int8, int8_info, cache, make_engine)
     engine.build_info["stage_seconds"] = ctx.timings
     engine.build_info["build_seconds"] = time.perf_counter() - t0
-    engine.build_info["build_phases"] = phases.to_json()["seconds"]
-    engine.build_info["build_counts"] = phases.to_json()["counts"]
-    engine.build_info["build_check_seconds"] = phases.to_json()["busy"]  # compile + check per tactic, thread-seconds
+    recorded = phases.to_json()  # "busy": compile + check per tactic, thread-seconds
+    engine.build_info |= {"build_phases": recorded["seconds"], "build_counts": recorded["counts"],
+                          "build_check_seconds": recorded["busy"]}
     ctx.progress("done", len(STAGES), len(STAGES))
     return engine
 
