@@ -122,6 +122,9 @@ def build_kiln(spec, path: Path, inputs: dict, want: list, precision: str, args)
     engine = kiln.build(path, config, calib_data=calib)
     result = {"build_seconds": time.perf_counter() - t0, "plan_bytes": len(engine.serialize()),
               "tactics": engine.build_info.get("tactics"),
+              "build_phases": engine.build_info.get("build_phases"),
+              "build_counts": engine.build_info.get("build_counts"),
+              "build_check_seconds": dict(list((engine.build_info.get("build_check_seconds") or {}).items())[:12]),
               "candidates": {n: c.timed for n, c in engine.tactics.items() if len(c.timed) > 1},
               "failed": {n: [r for r in c.rejected if r[1].startswith(FAILED)] for n, c in engine.tactics.items()
                          if any(r[1].startswith(FAILED) for r in c.rejected)}}

@@ -149,6 +149,55 @@ def test_a_layer_identical_to_one_tuned_is_not_tuned_again(tmp_path, monkeypatch
     assert tuner.by_layout["twin"] == tuner.by_layout[spec.name]
 
 
+class _AlphaTactic:
+    """Config 0: the fast one, right only for alpha ≥ 0.4 (as a kernel may hold only some layers' scales); config 1
+    the reference."""
+
+    name, untimed = "alpha", False
+
+    def configs(self, spec, device, level):
+        return [{"c": 0}, {"c": 1}]
+
+    def compile(self, spec, config, device):
+        alpha = spec.attrs["alpha"]
+        return registry.reference_kernel(spec) if config["c"] else (
+            lambda xs: [torch.nn.functional.leaky_relu(xs[0], alpha if alpha >= 0.4 else 0.5)])
+
+
+def _leaky(name: str, alpha: float):
+    from kiln.ir import DType
+    from kiln.tactics.spec import LayerSpec, ValueSpec
+
+    v = ValueSpec(DType.FLOAT32, (2, 4))
+    return LayerSpec(name, "LeakyRelu", {"alpha": alpha}, (v,), (v,))
+
+
+@pytest.mark.parametrize("alpha, reused", [(0.4, True), (0.25, False)])
+def test_a_layer_differing_only_in_a_float_attribute_reuses_the_choice_once_it_passes_the_check(
+        monkeypatch, alpha, reused):
+    """int8 layers of one shape differ in their scales: the second takes the first's choice after one check at its
+    own values, and is tuned in full when that check fails."""
+    first, second = _leaky("a", 0.5), _leaky("b", alpha)
+    assert first.shape_signature() == second.shape_signature() and first.signature() != second.signature()
+    assert _leaky("c", 0.5).signature() == first.signature() and first.shape_signature() != \
+        type(first)("d", "LeakyRelu", {"alpha": 0.5}, first.inputs, first.outputs, tf32=True).shape_signature()
+    monkeypatch.setattr(autotune, "device_time_us",
+                        lambda kernel, args, repeats, cutoff_us=None: 1.0 if kernel.__name__ == "<lambda>" else 2.0)
+    monkeypatch.setattr(registry, "candidates", lambda spec, device: ([_AlphaTactic()], []))
+    phases = PhaseTimes()
+    tuner = Autotuner(_Device(), 3, False, None, phases=phases)
+    with torch.no_grad():
+        a, b = tuner.choose(first), tuner.choose(second)
+    assert a.config == {"c": 0}
+    if reused:
+        assert b.config == {"c": 0} and b.timed == a.timed
+        assert phases.counts["layers tuned"] == 1 and phases.counts["same-shape layers reused (checked)"] == 1
+        assert phases.counts["candidates compiled"] == 3  # two for the first layer, one check for the second
+    else:
+        assert b.config == {"c": 1} and len(b.timed) == 1 and ("alpha{'c': 0}", ) == b.rejected[0][:1]
+        assert phases.counts["layers tuned"] == 2 and "same-shape layers reused (checked)" not in phases.counts
+
+
 def _fixed():
     return kiln.ShapeRange.fixed((2, 4))
 

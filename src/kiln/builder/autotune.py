@@ -175,6 +175,9 @@ class Autotuner:
         # this build's measured choices by layer signature, with the layer's timings per layout: a layer identical
         # to one already tuned (BERT's 12 encoder layers, a ResNet stage's blocks) is not tuned again, cache or not
         self.tuned: dict[str, tuple[Choice, dict[str, tuple[float, str, dict]]]] = {}
+        # the same by shape signature (float attributes left out): a layer that differs only in its int8 scales
+        # takes that choice too once its tactic (and each layout's best) passes the check at its own scales
+        self.alike: dict[str, tuple[Choice, dict[str, tuple[float, str, dict]]]] = {}
         self.layout: str | None = None
 
     def choose_layout(self, choices: dict[str, Choice], only: set[str] | None = None) -> None:
@@ -212,6 +215,8 @@ class Autotuner:
             (what, c) for what, c in checks if c is not None and c.static and c.signature() != timed_spec.signature()]
         sig = spec.signature() if spec is timed_spec else f"{spec.signature()}@{timed_spec.signature()}"
         sig += "".join(f"|{c.signature()}" for _, c in probes)  # checked there too: another range, another answer
+        alike = "|".join([spec.shape_signature(), timed_spec.shape_signature()]
+                         + [c.shape_signature() for _, c in probes])
         if sig in self.tuned and self.level > 0:
             choice, layouts = self.tuned[sig]
             self.phases.count("identical layers reused")
@@ -224,13 +229,40 @@ class Autotuner:
                 self.phases.count("timing cache hits")
                 return Choice(hit.tactic, hit.config, hit.microseconds, "cache", refused)
             self.phases.count("timing cache misses")
-        self.phases.count("layers tuned")
-        choice = self._measure(timed_spec, cands, refused, probes)
+        choice = self._recheck(spec.name, timed_spec, cands, probes, *self.alike[alike]) \
+            if alike in self.alike and self.level > 0 else None
+        if choice is None:
+            self.phases.count("layers tuned")
+            choice = self._measure(timed_spec, cands, refused, probes)
         if self.level > 0:
             self.tuned[sig] = (choice, dict(self.by_layout.get(spec.name, {})))
+            self.alike.setdefault(alike, self.tuned[sig])
             if self.cache is not None:
                 self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
         return choice
+
+    def _recheck(self, name: str, spec: LayerSpec, cands, probes: list, choice: Choice,
+                 layouts: dict[str, tuple[float, str, dict]]) -> Choice | None:
+        """`choice` (with its per-layout timings) for layer `name` if its tactic and each layout's best pass the
+        check at `spec`, the layer at the shapes it was tuned at; None (tune it in full) if one does not."""
+        tactics = {t.name: t for t in cands}
+        todo = {(choice.tactic, repr(choice.config)): (choice.tactic, choice.config)}
+        todo |= {(n, repr(c)): (n, c) for _, n, c in layouts.values()}
+        if any(n not in tactics for n, _ in todo.values()):
+            return None
+        with torch.no_grad():
+            with self.phases.phase("tune: reference"):
+                reference = self._reference(spec)
+                others = [(what, probe, self._reference(probe)) for what, probe in probes]
+            for *_, why in self._checked([(tactics[n], c) for n, c in todo.values()], spec, reference, others):
+                self.phases.count("candidates compiled")
+                if why:
+                    self.phases.count("candidates rejected")
+                    return None
+        self.phases.count("same-shape layers reused (checked)")
+        if layouts:
+            self.by_layout[name] = dict(layouts)
+        return replace(choice)
 
     def _checked(self, todo: list, spec: LayerSpec, reference: tuple, others: list) -> Iterator[tuple]:
         """(tactic, config, kernel, args, why not) of each (tactic, config) of `todo` in order: compiled, run and

@@ -51,24 +51,34 @@ class LayerSpec:
     def signature(self) -> str:
         """A stable hash of everything about the layer that can change which tactic is fastest or valid."""
         if not self._sig:
-            def enc(v):
-                if isinstance(v, torch.Tensor):
-                    return ["tensor", str(v.dtype), list(v.shape)]
-                if isinstance(v, DType):
-                    return v.value
-                if isinstance(v, (list, tuple)):
-                    return [enc(x) for x in v]
-                if isinstance(v, dict):
-                    return {str(k): enc(x) for k, x in sorted(v.items())}
-                return v if isinstance(v, (int, float, str, bool)) or v is None else type(v).__name__
-
-            body = {"kind": self.kind, "attrs": enc(self.attrs), "tf32": self.tf32,
-                    "precision": self.precision.value if self.precision else None,
-                    "in": [None if v is None else [str(v.dtype), enc(list(v.shape or [])), v.const is not None]
-                           for v in self.inputs],
-                    "out": [[str(v.dtype), enc(list(v.shape or []))] for v in self.outputs]}
-            self._sig.append(hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32])
+            self._sig.append(self._hash(floats=True))
         return self._sig[0]
+
+    def shape_signature(self) -> str:
+        """The signature with every float attribute's value left out (an int8 layer's scales, an epsilon): layers
+        equal here run the same kernels at the same speed, though a tactic's validity must still be checked."""
+        return self._hash(floats=False)
+
+    def _hash(self, floats: bool) -> str:
+        def enc(v):
+            if isinstance(v, torch.Tensor):
+                return ["tensor", str(v.dtype), list(v.shape)]
+            if isinstance(v, DType):
+                return v.value
+            if isinstance(v, (list, tuple)):
+                return [enc(x) for x in v]
+            if isinstance(v, dict):
+                return {str(k): enc(x) for k, x in sorted(v.items())}
+            if isinstance(v, float) and not floats:
+                return "float"
+            return v if isinstance(v, (int, float, str, bool)) or v is None else type(v).__name__
+
+        body = {"kind": self.kind, "attrs": enc(self.attrs), "tf32": self.tf32,
+                "precision": self.precision.value if self.precision else None,
+                "in": [None if v is None else [str(v.dtype), enc(list(v.shape or [])), v.const is not None]
+                       for v in self.inputs],
+                "out": [[str(v.dtype), enc(list(v.shape or []))] for v in self.outputs]}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def layer_spec(net: Network, layer: Layer, weights: dict[str, torch.Tensor], tf32: bool = False) -> LayerSpec:
