@@ -57,7 +57,7 @@ def test_a_build_accounts_for_most_of_its_time(tmp_path):
 class _Tactic:
     """A stand-in tactic: configs 0 and 1 run the reference, config 2 is wrong by one."""
 
-    name, untimed = "fake", False
+    name, untimed, superseded_by = "fake", False, ()
 
     def configs(self, spec, device, level):
         return [{"c": 0}, {"c": 1}, {"c": 2}]
@@ -153,7 +153,7 @@ class _AlphaTactic:
     """Config 0: the fast one, right only for alpha ≥ 0.4 (as a kernel may hold only some layers' scales); config 1
     the reference."""
 
-    name, untimed = "alpha", False
+    name, untimed, superseded_by = "alpha", False, ()
 
     def configs(self, spec, device, level):
         return [{"c": 0}, {"c": 1}]

@@ -39,7 +39,7 @@ def _run(threads_wanted: int, level: int = 3, workspace=None, probes=(), plans_p
     ref = tuner._reference(SPEC)
     others = [(what, p, tuner._reference(p)) for what, p in probes]
     todo = [(t, c) for t in _tactics(seen, plans_per_shape) for c in t.configs(SPEC, CPU, level)]
-    out = [(c["i"], why is None) for _, c, _, _, why in tuner._checked(todo, SPEC, ref, others)]
+    out = [(c["i"], why is None) for _, c, _, why in tuner._checked(todo, SPEC, ref, others)]
     return out, seen
 
 
@@ -128,3 +128,51 @@ def test_gpu_build_with_a_pool_matches_one_at_a_time(monkeypatch, tmp_path):
         counts.append(engine.build_info["build_counts"]["candidates compiled"])
     assert counts[0] == counts[1] > 1
     np.testing.assert_allclose(outs[0], outs[1], rtol=2e-2, atol=2e-2)
+
+
+def _prefetch_run(monkeypatch, prefetch: bool, short_of_memory: bool = False):
+    """Three layers, the second identical to the first; every check and timing recorded in order."""
+    from kiln.builder import autotune
+    from kiln.tactics import registry
+
+    events: list = []
+
+    def compile_(spec, config, device):
+        def run(inputs):
+            events.append(("check", spec.name, config["i"]))
+            y = torch.relu(inputs[0])
+            return [y if config["i"] % 2 == 0 else -y - 1]
+        return run
+
+    tactic = Tactic("fake", ("Relu",), compile_, configs=lambda spec, device, level: [{"i": i} for i in range(4)])
+    monkeypatch.setattr(registry, "candidates", lambda spec, device: ([tactic], []))
+    monkeypatch.setattr(autotune, "device_time_us", lambda kernel, args, repeats, cutoff_us=None:
+                        events.append(("time",)) or 1.0)
+    monkeypatch.setattr(autotune, "_short_of_memory", lambda device: short_of_memory)
+    small = LayerSpec("c", "Relu", {}, (ValueSpec(DType.FLOAT32, (2, 8)),), (ValueSpec(DType.FLOAT32, (2, 8)),))
+    specs = [SPEC, LayerSpec("b", *[getattr(SPEC, f) for f in ("kind", "attrs", "inputs", "outputs")]), small]
+    tuner = Autotuner(CPU, 3, False, None, compile_threads=4)
+    if prefetch:
+        tuner.prefetch(specs)
+        assert len(tuner.prefetched) == (0 if short_of_memory else 2)  # the twin of the first is not prefetched
+    with torch.no_grad():
+        choices = [tuner.choose(s) for s in specs]
+    assert not tuner.prefetched
+    return [(c.tactic, c.config, len(c.timed), len(c.rejected)) for c in choices], events, tuner.phases.counts
+
+
+def test_prefetch_checks_every_layer_before_timing_any_and_chooses_the_same(monkeypatch):
+    plain, plain_events, plain_counts = _prefetch_run(monkeypatch, prefetch=False)
+    ahead, events, counts = _prefetch_run(monkeypatch, prefetch=True)
+    assert ahead == plain == [("fake", {"i": 0}, 2, 2)] * 3
+    assert counts == plain_counts and counts["identical layers reused"] == 1 and counts["layers tuned"] == 2
+    first_time = events.index(("time",))
+    assert all(e[0] == "check" for e in events[:first_time]) and len(events[:first_time]) == 8  # 2 layers x 4
+    assert ("check", "b", 0) not in events
+    assert plain_events.index(("time",)) == 4  # without it, the first layer is timed before the next is checked
+
+
+def test_prefetch_stops_when_the_gpu_is_short_of_memory(monkeypatch):
+    plain, *_ = _prefetch_run(monkeypatch, prefetch=False)
+    ahead, events, _ = _prefetch_run(monkeypatch, prefetch=True, short_of_memory=True)
+    assert ahead == plain and events.index(("time",)) == 4

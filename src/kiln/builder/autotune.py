@@ -81,6 +81,14 @@ def _in_layout(inputs: list, spec: LayerSpec, config: dict) -> list:
             for x, v in zip(inputs, spec.inputs)]
 
 
+def _short_of_memory(device) -> bool:
+    """Under 40 % of the GPU's memory free: prefetch checks no more layers ahead of their timing."""
+    if device.backend != "cuda":
+        return False
+    free, total = torch.cuda.mem_get_info(device.torch_device)
+    return free < 0.4 * total
+
+
 def used_outputs(spec: LayerSpec, outs: list) -> list:
     """The reference's outputs with None where the layer's output is absent (no reader, as AddLayerNorm's sum
     when only the normalized rows are read): a tactic need not compute those, so they are not compared."""
@@ -175,6 +183,7 @@ class Autotuner:
         # this build's measured choices by layer signature, with the layer's timings per layout: a layer identical
         # to one already tuned (BERT's 12 encoder layers, a ResNet stage's blocks) is not tuned again, cache or not
         self.tuned: dict[str, tuple[Choice, dict[str, tuple[float, str, dict]]]] = {}
+        self.prefetched: dict[str, tuple] = {}  # signature → (reference, checked candidates): see prefetch
         # the same by shape signature (float attributes left out): a layer that differs only in its int8 scales
         # takes that choice too once its tactic (and each layout's best) passes the check at its own scales
         self.alike: dict[str, tuple[Choice, dict[str, tuple[float, str, dict]]]] = {}
@@ -198,7 +207,41 @@ class Autotuner:
         """The tactic for `spec`. A layer with symbolic shapes is checked and timed on `tuning`, the same layer
         at the profile's opt shapes, among the tactics that take its symbolic shapes (TensorRT tunes at opt), and
         checked, not timed, on each of `checks` ((what, the layer at the profile's min or max shapes))."""
+        plan = self._plan(spec, tuning, checks)
+        if isinstance(plan, Choice):
+            return plan
+        cands, refused, timed_spec, probes, sig, alike = plan
+        if sig in self.tuned and self.level > 0:
+            choice, layouts = self.tuned[sig]
+            self.phases.count("identical layers reused")
+            if layouts:
+                self.by_layout[spec.name] = dict(layouts)
+            return replace(choice)
+        if self.cache is not None and self.level > 0:
+            hit = self.cache.get(self.env, sig)
+            if hit is not None and hit.tactic in {t.name for t in cands}:
+                self.phases.count("timing cache hits")
+                return Choice(hit.tactic, hit.config, hit.microseconds, "cache", refused)
+            self.phases.count("timing cache misses")
+        choice = self._recheck(spec.name, timed_spec, cands, probes, *self.alike[alike]) \
+            if alike in self.alike and self.level > 0 else None
+        if choice is None:
+            self.phases.count("layers tuned")
+            choice = self._measure(timed_spec, cands, refused, probes, self.prefetched.pop(sig, None))
+        if self.level > 0:
+            self.tuned[sig] = (choice, dict(self.by_layout.get(spec.name, {})))
+            self.alike.setdefault(alike, self.tuned[sig])
+            if self.cache is not None:
+                self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
+        return choice
+
+    def _plan(self, spec: LayerSpec, tuning: LayerSpec | None, checks) -> Choice | tuple:
+        """A Choice made without measuring (no candidate but the reference, a view, nothing to time with), else
+        (candidates, refused, the spec to time, [(what, spec to check too)], signature, shape signature)."""
         cands, refused = registry.candidates(spec, self.device)
+        left_out = registry.untried(cands, self.level)
+        cands = [t for t in cands if t not in {t for t, _ in left_out}]
+        refused = refused + [(t.name, why) for t, why in left_out]
         fast = [t for t in cands if t.name != registry.REFERENCE]
         if not fast:
             return Choice(registry.REFERENCE, rejected=refused)
@@ -217,29 +260,7 @@ class Autotuner:
         sig += "".join(f"|{c.signature()}" for _, c in probes)  # checked there too: another range, another answer
         alike = "|".join([spec.shape_signature(), timed_spec.shape_signature()]
                          + [c.shape_signature() for _, c in probes])
-        if sig in self.tuned and self.level > 0:
-            choice, layouts = self.tuned[sig]
-            self.phases.count("identical layers reused")
-            if layouts:
-                self.by_layout[spec.name] = dict(layouts)
-            return replace(choice)
-        if self.cache is not None and self.level > 0:
-            hit = self.cache.get(self.env, sig)
-            if hit is not None and hit.tactic in {t.name for t in cands}:
-                self.phases.count("timing cache hits")
-                return Choice(hit.tactic, hit.config, hit.microseconds, "cache", refused)
-            self.phases.count("timing cache misses")
-        choice = self._recheck(spec.name, timed_spec, cands, probes, *self.alike[alike]) \
-            if alike in self.alike and self.level > 0 else None
-        if choice is None:
-            self.phases.count("layers tuned")
-            choice = self._measure(timed_spec, cands, refused, probes)
-        if self.level > 0:
-            self.tuned[sig] = (choice, dict(self.by_layout.get(spec.name, {})))
-            self.alike.setdefault(alike, self.tuned[sig])
-            if self.cache is not None:
-                self.cache.put(self.env, sig, CachedChoice(choice.tactic, choice.config, choice.microseconds))
-        return choice
+        return cands, refused, timed_spec, probes, sig, alike
 
     def _recheck(self, name: str, spec: LayerSpec, cands, probes: list, choice: Choice,
                  layouts: dict[str, tuple[float, str, dict]]) -> Choice | None:
@@ -264,46 +285,85 @@ class Autotuner:
             self.by_layout[name] = dict(layouts)
         return replace(choice)
 
+    def prefetch(self, specs: list[LayerSpec]) -> None:
+        """Compile and check the candidates of every static layer this build will tune before any is timed: the
+        compiles of all layers share the thread pool (no layer waits on its slowest compile while threads idle)
+        and the checks of tactics that plan per shape (cuDNN) run on this thread meanwhile. Timing stays one layer
+        at a time on a quiet GPU (choose). One layer per shape signature: choose reuses it for the others."""
+        if not self._pooled(2):
+            return
+        jobs, seen = [], set()
+        for spec in specs:
+            plan = self._plan(spec, None, ())
+            if isinstance(plan, Choice) or plan[2] is not spec or plan[5] in seen or plan[4] in self.tuned \
+                    or plan[5] in self.alike or (self.cache is not None and self.cache.get(self.env, plan[4])):
+                continue
+            if _short_of_memory(self.device):  # the rest are checked when tuned, as without prefetching
+                break
+            seen.add(plan[5])
+            with torch.no_grad(), self.phases.phase("tune: reference"):
+                reference = self._reference(spec)
+            jobs.append((plan[4], self._todo(spec, plan[0]), spec, reference, []))
+        with torch.no_grad():
+            done = self._check_all([job[1:] for job in jobs])
+        for (sig, _, _, reference, _), results in zip(jobs, done):
+            self.prefetched[sig] = (reference, results)
+
+    def _pooled(self, n: int) -> bool:
+        """Whether `n` candidate checks go to the thread pool (opt level ≥ 1, no workspace limit, threads > 1)."""
+        return self.compile_threads > 1 and self.level > 0 and self.workspace is None and n > 1
+
+    def _todo(self, spec: LayerSpec, cands) -> list[tuple]:
+        """(tactic, config) of every candidate config to check at `spec`."""
+        return [(tactic, config) for tactic in cands
+                for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]]
+
+    def _one(self, item: tuple, spec: LayerSpec, reference: tuple, others: list) -> tuple:
+        """(tactic, config, kernel, why not) of `item` compiled, run and compared at `spec`, then at each of
+        `others` (the profile's min/max shapes)."""
+        tactic, config = item
+        start = time.perf_counter()
+        kernel, why = self._check(tactic, config, spec, reference)
+        for what, probe, ref in others if not why else ():
+            why = self._check(tactic, config, probe, ref)[1]
+            if why:
+                why = f"fails at {what}: {why}"[:300]
+                break
+        self.phases.tally(tactic.name, time.perf_counter() - start)  # which tactics the compile + check costs
+        return tactic, config, kernel, why
+
     def _checked(self, todo: list, spec: LayerSpec, reference: tuple, others: list) -> Iterator[tuple]:
-        """(tactic, config, kernel, args, why not) of each (tactic, config) of `todo` in order: compiled, run and
-        compared at `spec`, then at each of `others` (the profile's min/max shapes). With `compile_threads` > 1
-        (opt level ≥ 1, no workspace limit) those of tactics that do not plan per shape at once on a thread pool, so
-        Triton's compiles overlap, the others meanwhile on this thread; one at a time otherwise (opt level 0 stops at
-        the first that passes)."""
-
-        def one(item):
-            tactic, config = item
-            start = time.perf_counter()
-            kernel, args, why = self._check(tactic, config, spec, reference)
-            for what, probe, ref in others if not why else ():
-                why = self._check(tactic, config, probe, ref)[2]
-                if why:
-                    why = f"fails at {what}: {why}"[:300]
-                    break
-            self.phases.tally(tactic.name, time.perf_counter() - start)  # which tactics the compile + check costs
-            return tactic, config, kernel, args, why
-
-        if self.compile_threads > 1 and self.level > 0 and self.workspace is None and len(todo) > 1:
-            stream = torch.cuda.current_stream() if self.device.backend == "cuda" else None
-
-            def on_stream(item):  # a thread's stream (and with it its device) and grad mode are its own
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), torch.no_grad():
-                    return one(item)
-
-            # cuDNN's plans are cached per thread in torch: a tactic that plans per shape is checked here, on the
-            # thread that times and runs it, or its timing would plan (and benchmark) every candidate again
-            with self.phases.phase("tune: compile + check"), \
-                    ThreadPoolExecutor(min(self.compile_threads, len(todo))) as pool:
-                pooled = {i: pool.submit(on_stream, item) for i, item in enumerate(todo)
-                          if not item[0].plans_per_shape}
-                here = {i: one(item) for i, item in enumerate(todo) if i not in pooled}
-                done = [pooled[i].result() if i in pooled else here[i] for i in range(len(todo))]
-            yield from done
+        """_one of each (tactic, config) of `todo`, in order: all at once on the thread pool when pooled (see
+        _check_all), else one at a time (opt level 0 stops at the first that passes)."""
+        if self._pooled(len(todo)):
+            yield from self._check_all([(todo, spec, reference, others)])[0]
             return
         for item in todo:
             with self.phases.phase("tune: compile + check"):
-                result = one(item)
+                result = self._one(item, spec, reference, others)
             yield result
+
+    def _check_all(self, jobs: list[tuple]) -> list[list[tuple]]:
+        """Per job (todo, spec, reference, others), _one of each of its items, in order. Tactics that do not plan
+        per shape run on a thread pool, so Triton's compiles overlap; the others meanwhile on this thread."""
+        if not jobs:
+            return []
+        stream = torch.cuda.current_stream() if self.device.backend == "cuda" else None
+
+        def on_stream(*item):  # a thread's stream (and with it its device) and grad mode are its own
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), torch.no_grad():
+                return self._one(*item)
+
+        # cuDNN's plans are cached per thread in torch: a tactic that plans per shape is checked here, on the
+        # thread that times and runs it, or its timing would plan (and benchmark) every candidate again
+        items = [(j, i, (item, spec, ref, others)) for j, (todo, spec, ref, others) in enumerate(jobs)
+                 for i, item in enumerate(todo)]
+        with self.phases.phase("tune: compile + check"), \
+                ThreadPoolExecutor(min(self.compile_threads, len(items))) as pool:
+            pooled = {(j, i): pool.submit(on_stream, *args) for j, i, args in items if not args[0][0].plans_per_shape}
+            here = {(j, i): self._one(*args) for j, i, args in items if (j, i) not in pooled}
+            return [[pooled[j, i].result() if (j, i) in pooled else here[j, i] for i in range(len(todo))]
+                    for j, (todo, *_) in enumerate(jobs)]
 
     def _reference(self, spec: LayerSpec) -> tuple[list, list, bool, torch.Tensor | None]:
         """(random inputs, the reference's outputs on them, whether the layer is fp8, its fp8 slack) for `spec`."""
@@ -312,9 +372,9 @@ class Autotuner:
         fp8 = spec.kind in QUANTIZED and qtypes.of(spec.attrs) is qtypes.FP8
         return inputs, want, fp8, fp8_slack(spec, inputs) if fp8 else None
 
-    def _check(self, tactic, config: dict, spec: LayerSpec, reference: tuple) -> tuple[Any, list, str | None]:
-        """(kernel, its inputs, None or why it fails): `tactic` with `config` compiled for `spec` and compared
-        with the reference's outputs (within the workspace limit, if any)."""
+    def _check(self, tactic, config: dict, spec: LayerSpec, reference: tuple) -> tuple[Any, str | None]:
+        """(kernel, None or why it fails): `tactic` with `config` compiled for `spec` and compared with the
+        reference's outputs (within the workspace limit, if any)."""
         inputs, want, fp8, slack = reference
         args, kernel = _in_layout(inputs, spec, config), None
         try:
@@ -330,18 +390,22 @@ class Autotuner:
             why = "out of memory"
         except Exception as e:  # a candidate's failure is data, never fatal
             why = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-        return kernel, args, why
+        return kernel, why
 
-    def _measure(self, spec: LayerSpec, cands, refused, probes: list[tuple[str, LayerSpec]] = ()) -> Choice:
-        """Check every candidate config at `spec` (and at each of `probes`), time those that pass at `spec`."""
+    def _measure(self, spec: LayerSpec, cands, refused, probes: list[tuple[str, LayerSpec]] = (),
+                 ready: tuple | None = None) -> Choice:
+        """Check every candidate config at `spec` (and at each of `probes`), time those that pass at `spec`.
+        `ready`: (reference, checked candidates) from prefetch."""
         with torch.no_grad():
-            with self.phases.phase("tune: reference"):
-                reference = self._reference(spec)
-                others = [(what, probe, self._reference(probe)) for what, probe in probes]
+            if ready is not None:
+                reference, checked = ready
+            else:
+                with self.phases.phase("tune: reference"):
+                    reference = self._reference(spec)
+                    others = [(what, probe, self._reference(probe)) for what, probe in probes]
+                checked = self._checked(self._todo(spec, cands), spec, reference, others)
             rejected, timed = list(refused), []
-            todo = [(tactic, config) for tactic in cands
-                    for config in tactic.configs(spec, self.device, self.level)[:CONFIGS_PER_TACTIC[self.level]]]
-            for tactic, config, kernel, args, why in self._checked(todo, spec, reference, others):
+            for tactic, config, kernel, why in checked:
                 label = f"{tactic.name}{config or ''}"
                 self.phases.count("candidates compiled")  # and checked, at the profiles' min/max shapes too
                 if why:
@@ -353,7 +417,7 @@ class Autotuner:
                 self.phases.count("candidates timed")
                 best = min((t[0] for t in timed), default=None)
                 with self.phases.phase("tune: timing"):  # one far slower than the best so far is not timed in full
-                    us = device_time_us(kernel, args, REPEATS[self.level],
+                    us = device_time_us(kernel, _in_layout(reference[0], spec, config), REPEATS[self.level],
                                         cutoff_us=None if best is None else CUTOFF * best)
                 timed.append((us, tactic.name, config, label))
         if not timed:
@@ -421,6 +485,7 @@ def tune_profiles(net: Network, weights: dict[str, torch.Tensor], device, opt_le
     symbolic = {layer.name for layer, spec in zip(net.layers, specs) if not spec.static}
     total, out = len(net.layers) * len(profiles), []
     started = time.perf_counter()
+    tuner.prefetch([spec for spec in specs if spec.static])
     for k, shapes in enumerate(profiles):
         choices = {}
         for name in symbolic:  # layout timings are per profile for symbolic layers

@@ -18,6 +18,8 @@ stably). The GEMM tactics of tactics/quant_gemm.py run a conv lowered to one GEM
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kiln.tactics import quant_gemm, triton_int8_conv, triton_int8_s2d, triton_int8_tma, triton_int8_wgmma
 from kiln.tactics.int8_common import qtype_variants, tma_conv_reason, tma_device_reason
 from kiln.tactics.registry import Tactic, register_table
@@ -26,6 +28,8 @@ KINDS = ("QuantConv",)
 
 CONV_TMA = qtype_variants("conv_tma", KINDS, triton_int8_tma.compile_conv, triton_int8_tma.conv_configs, priority=19,
                           layer_reason=tma_conv_reason, device_reason=tma_device_reason, arch_specific=True)
+# ResNet-50 int8 on H100 / H200 (batch 1-256): no layer taken by these where their Hopper successor ran
+CONV_TMA = (replace(CONV_TMA[0], superseded_by=("triton_int8_conv_wgmma",)), *CONV_TMA[1:])
 TRITON_CONV = qtype_variants("conv", KINDS, triton_int8_conv.compile_conv, triton_int8_conv.conv_configs, priority=15,
                              layer_reason=triton_int8_conv.conv_only)
 CONV_WGMMA = Tactic("triton_int8_conv_wgmma", KINDS, triton_int8_wgmma.compile_conv, triton_int8_wgmma.supports_conv,
@@ -34,6 +38,7 @@ CONV_HALO = Tactic("triton_int8_conv_halo", KINDS, triton_int8_wgmma.compile_hal
                    triton_int8_wgmma.halo_configs, priority=18, arch_specific=True, writes_out=True)
 CONV_S2D = qtype_variants("conv_s2d", KINDS, triton_int8_s2d.compile_conv, triton_int8_s2d.conv_configs, priority=14,
                           layer_reason=triton_int8_s2d.s2d_reason)
+CONV_S2D = (replace(CONV_S2D[0], superseded_by=("triton_int8_conv_s2d_halo",)), *CONV_S2D[1:])
 CONV_S2D_HALO = Tactic("triton_int8_conv_s2d_halo", KINDS, triton_int8_s2d.compile_halo, triton_int8_s2d.supports_halo,
                        triton_int8_s2d.halo_configs, priority=18, arch_specific=True, writes_out=True)
 

@@ -17,7 +17,7 @@ KINDS = ("QuantConvChain",)
 
 TABLE = register_table("QuantConvChain", (
     Tactic("triton_int8_conv_chain", KINDS, chain.compile_split, chain.supports_chain, pair.split_configs, priority=15,
-           writes_out=True),
+           writes_out=True, superseded_by=("triton_int8_conv_chain_wgmma",)),
     Tactic("triton_int8_conv_chain_wgmma", KINDS, chain.compile_wgmma, chain.supports_wgmma, chain.wgmma_configs,
            priority=18, arch_specific=True, writes_out=True),
 ))

@@ -23,7 +23,7 @@ TRITON_GEMM = qtype_variants("gemm", KINDS, triton_int8.compile_gemm, triton_int
 TRITON_GEMM_TMA = qtype_variants("gemm_tma", KINDS, triton_int8_tma.compile_gemm, triton_int8_tma.gemm_configs,
                                  priority=19, device_reason=tma_device_reason, arch_specific=True)
 TORCH_INT_MM = Tactic("torch_int_mm", KINDS, torch_int8.compile_int_mm, torch_int8.supports_int_mm, priority=10,
-                      fresh=True)
+                      fresh=True, superseded_by=("triton_int8_gemm_wgmma",))
 TORCH_SCALED_MM = Tactic("torch_scaled_mm", KINDS, torch_scaled_mm.compile_scaled_mm,
                          torch_scaled_mm.supports_scaled_mm, priority=10, arch_specific=True, fresh=True)
 GEMM_WGMMA = Tactic("triton_int8_gemm_wgmma", KINDS, triton_int8_wgmma.compile_gemm, triton_int8_wgmma.supports_gemm,

@@ -29,7 +29,9 @@ class Tactic:
     `writes_out`: its kernels take `out`, one byte buffer (or None) per output, and write the outputs there (the
     activation arena); `fresh`: its outputs never alias its inputs (true of every tactic that writes_out);
     `plans_per_shape`: its library makes a plan at each new input shape on the host (cuDNN: milliseconds a layer), so
-    a dynamic engine's warm-up runs every shape of a small profile (`Engine.warm_up`).
+    a dynamic engine's warm-up runs every shape of a small profile (`Engine.warm_up`); `superseded_by`: tactics that,
+    where they take the layer, have always beaten this one on measured models, so below opt level 4 (EXHAUSTIVE) the
+    autotuner leaves it out there (its Hopper successor: fewer compiles per build).
     """
 
     name: str
@@ -45,6 +47,7 @@ class Tactic:
     writes_out: bool = False
     fresh: bool = False
     plans_per_shape: bool = False
+    superseded_by: tuple[str, ...] = ()
 
 
 TACTICS: dict[str, Tactic] = {}
@@ -93,6 +96,17 @@ def candidates(spec: LayerSpec, device) -> tuple[list[Tactic], list[tuple[str, s
         reason = hardware_compat.tactic_reason(t, device) or t.supports(spec, device)
         (refused.append((t.name, reason)) if reason else ok.append(t))
     return sorted(ok, key=lambda t: t.priority), refused
+
+
+EXHAUSTIVE = 4  # the opt level from which superseded tactics are tried too
+
+
+def untried(cands: list[Tactic], level: int) -> list[tuple[Tactic, str]]:
+    """(tactic, why) of those of `cands` the autotuner leaves out at `level`: superseded by another of `cands`."""
+    names = {t.name for t in cands}
+    return [] if level >= EXHAUSTIVE else [
+        (t, f"superseded by {', '.join(sorted(names & set(t.superseded_by)))} on this device "
+            f"(tried from opt level {EXHAUSTIVE})") for t in cands if names & set(t.superseded_by)]
 
 
 def _load() -> None:
