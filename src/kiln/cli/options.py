@@ -147,7 +147,10 @@ ShapeBuckets = Annotated[int, typer.Option(
          "its own opt shape (the bucket's max, or your opt where it falls inside); the engine picks the bucket "
          "holding each run's shapes. Needs --profile or --min/--max-shapes. 1: off.")]
 TimingCache = Annotated[Optional[Path], typer.Option("--timing-cache", help="Timing cache file to reuse.")]
-OptLevel = Annotated[int, typer.Option("--opt-level", help="Tuning effort, 0..5.")]
+OptLevel = Annotated[int, typer.Option(
+    "--opt-level", help="Tuning effort, 0..5 (default 3): up to 1, 1, 2, 8, 32 or all configs per tactic; 0 takes "
+                        "each layer's first tactic that passes its check, 1-5 time them; 4 and 5 also try tactics "
+                        "superseded on this GPU (the portable int8 convs where the Hopper ones run).")]
 LayerPrecision = Annotated[Optional[list[str]], typer.Option(
     "--layer-precision", help="Pin a layer's precision, NAME=fp32; repeatable.")]
 KeepIoPrecision = Annotated[bool, typer.Option(
