@@ -130,7 +130,7 @@ def test_gpu_build_with_a_pool_matches_one_at_a_time(monkeypatch, tmp_path):
     np.testing.assert_allclose(outs[0], outs[1], rtol=2e-2, atol=2e-2)
 
 
-def _prefetch_run(monkeypatch, prefetch: bool, short_of_memory: bool = False):
+def _prefetch_run(monkeypatch, prefetch: bool, short_of_memory: bool = False, progress=lambda *a: None):
     """Three layers, the second identical to the first; every check and timing recorded in order."""
     from kiln.builder import autotune
     from kiln.tactics import registry
@@ -153,7 +153,7 @@ def _prefetch_run(monkeypatch, prefetch: bool, short_of_memory: bool = False):
     specs = [SPEC, LayerSpec("b", *[getattr(SPEC, f) for f in ("kind", "attrs", "inputs", "outputs")]), small]
     tuner = Autotuner(CPU, 3, False, None, compile_threads=4)
     if prefetch:
-        tuner.prefetch(specs)
+        tuner.prefetch(specs, progress)
         assert len(tuner.prefetched) == (0 if short_of_memory else 2)  # the twin of the first is not prefetched
     with torch.no_grad():
         choices = [tuner.choose(s) for s in specs]
@@ -176,3 +176,13 @@ def test_prefetch_stops_when_the_gpu_is_short_of_memory(monkeypatch):
     plain, *_ = _prefetch_run(monkeypatch, prefetch=False)
     ahead, events, _ = _prefetch_run(monkeypatch, prefetch=True, short_of_memory=True)
     assert ahead == plain and events.index(("time",)) == 4
+
+
+def test_prefetch_reports_its_progress_on_the_calling_thread(monkeypatch):
+    heard = []
+    _prefetch_run(monkeypatch, prefetch=True,
+                  progress=lambda stage, done, total: heard.append((stage, done, total, threading.get_ident())))
+    assert heard and {h[0] for h in heard} == {"tune: compile + check"} and {h[3] for h in heard} == \
+        {threading.get_ident()}
+    done = [h[1] for h in heard]
+    assert done == sorted(done) and done[-1] == heard[-1][2] == 8  # two layers' four candidates

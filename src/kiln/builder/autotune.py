@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
@@ -28,6 +28,7 @@ from kiln.util.timing import device_time_us
 
 REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
 CONFIGS_PER_TACTIC = {0: 1, 1: 1, 2: 2, 3: 8, 4: 32, 5: 1000}
+PREFETCH = "tune: compile + check"  # the progress stage of Autotuner.prefetch
 CUTOFF = 3.0  # a candidate whose one warm-up run took over 3x the best time so far is timed no further
 TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 # Quantized layers (int32 accumulation is exact in every tactic): a requantized int8 output may differ by
@@ -285,11 +286,12 @@ class Autotuner:
             self.by_layout[name] = dict(layouts)
         return replace(choice)
 
-    def prefetch(self, specs: list[LayerSpec]) -> None:
+    def prefetch(self, specs: list[LayerSpec], progress: Callable[[str, int, int], None] = lambda *a: None) -> None:
         """Compile and check the candidates of every static layer this build will tune before any is timed: the
         compiles of all layers share the thread pool (no layer waits on its slowest compile while threads idle)
         and the checks of tactics that plan per shape (cuDNN) run on this thread meanwhile. Timing stays one layer
-        at a time on a quiet GPU (choose). One layer per shape signature: choose reuses it for the others."""
+        at a time on a quiet GPU (choose). One layer per shape signature: choose reuses it for the others.
+        `progress` hears ("tune: compile + check", candidates checked, candidates) on this thread."""
         if not self._pooled(2):
             return
         jobs, seen = [], set()
@@ -305,7 +307,7 @@ class Autotuner:
                 reference = self._reference(spec)
             jobs.append((plan[4], self._todo(spec, plan[0]), spec, reference, []))
         with torch.no_grad():
-            done = self._check_all([job[1:] for job in jobs])
+            done = self._check_all([job[1:] for job in jobs], lambda n, total: progress(PREFETCH, n, total))
         for (sig, _, _, reference, _), results in zip(jobs, done):
             self.prefetched[sig] = (reference, results)
 
@@ -343,9 +345,11 @@ class Autotuner:
                 result = self._one(item, spec, reference, others)
             yield result
 
-    def _check_all(self, jobs: list[tuple]) -> list[list[tuple]]:
+    def _check_all(self, jobs: list[tuple], tick: Callable[[int, int], None] = lambda n, total: None) \
+            -> list[list[tuple]]:
         """Per job (todo, spec, reference, others), _one of each of its items, in order. Tactics that do not plan
-        per shape run on a thread pool, so Triton's compiles overlap; the others meanwhile on this thread."""
+        per shape run on a thread pool, so Triton's compiles overlap; the others meanwhile on this thread. `tick`
+        hears (items done, items) on this thread as they finish."""
         if not jobs:
             return []
         stream = torch.cuda.current_stream() if self.device.backend == "cuda" else None
@@ -361,7 +365,19 @@ class Autotuner:
         with self.phases.phase("tune: compile + check"), \
                 ThreadPoolExecutor(min(self.compile_threads, len(items))) as pool:
             pooled = {(j, i): pool.submit(on_stream, *args) for j, i, args in items if not args[0][0].plans_per_shape}
-            here = {(j, i): self._one(*args) for j, i, args in items if (j, i) not in pooled}
+            here, shown = {}, 0
+
+            def report(n: int) -> None:  # never backwards: futures done while this thread checked count early
+                nonlocal shown
+                shown = max(shown, n)
+                tick(shown, len(items))
+
+            for j, i, args in items:
+                if (j, i) not in pooled:
+                    here[j, i] = self._one(*args)
+                    report(len(here) + sum(f.done() for f in pooled.values()))
+            for n, _ in enumerate(as_completed(pooled.values()), len(here) + 1):
+                report(n)
             return [[pooled[j, i].result() if (j, i) in pooled else here[j, i] for i in range(len(todo))]
                     for j, (todo, *_) in enumerate(jobs)]
 
@@ -485,7 +501,7 @@ def tune_profiles(net: Network, weights: dict[str, torch.Tensor], device, opt_le
     symbolic = {layer.name for layer, spec in zip(net.layers, specs) if not spec.static}
     total, out = len(net.layers) * len(profiles), []
     started = time.perf_counter()
-    tuner.prefetch([spec for spec in specs if spec.static])
+    tuner.prefetch([spec for spec in specs if spec.static], progress)
     for k, shapes in enumerate(profiles):
         choices = {}
         for name in symbolic:  # layout timings are per profile for symbolic layers

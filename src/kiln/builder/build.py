@@ -169,6 +169,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
           base_dir: str | os.PathLike | None = None, *, make_engine: EngineFactory):
     """Build an engine for the best device present (or `config.device`) from an ONNX model.
 
+    `progress(stage, done, total)`: each of STAGES as it starts; inside "tune" on a GPU, "tune: compile + check"
+    (candidates checked) and then "tune" (layers tuned).
     `base_dir`: the folder holding the external data of a model given as bytes or a ModelProto.
     `make_engine`: the Engine class (or a factory like it) the tuned network is made into.
     """
