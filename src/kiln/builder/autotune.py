@@ -297,15 +297,18 @@ class Autotuner:
         jobs, seen = [], set()
         for spec in specs:
             plan = self._plan(spec, None, ())
-            if isinstance(plan, Choice) or plan[2] is not spec or plan[5] in seen or plan[4] in self.tuned \
-                    or plan[5] in self.alike or (self.cache is not None and self.cache.get(self.env, plan[4])):
+            if isinstance(plan, Choice):
+                continue
+            cands, _, timed_spec, _, sig, alike = plan
+            cached = self.cache is not None and self.cache.get(self.env, sig) is not None
+            if timed_spec is not spec or alike in seen or sig in self.tuned or alike in self.alike or cached:
                 continue
             if _short_of_memory(self.device):  # the rest are checked when tuned, as without prefetching
                 break
-            seen.add(plan[5])
+            seen.add(alike)
             with torch.no_grad(), self.phases.phase("tune: reference"):
                 reference = self._reference(spec)
-            jobs.append((plan[4], self._todo(spec, plan[0]), spec, reference, []))
+            jobs.append((sig, self._todo(spec, cands), spec, reference, []))
         with torch.no_grad():
             done = self._check_all([job[1:] for job in jobs], lambda n, total: progress(PREFETCH, n, total))
         for (sig, _, _, reference, _), results in zip(jobs, done):
