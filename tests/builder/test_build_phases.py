@@ -168,7 +168,7 @@ def _leaky(name: str, alpha: float):
     from kiln.ir import DType
     from kiln.tactics.spec import LayerSpec, ValueSpec
 
-    v = ValueSpec(DType.FLOAT32, (2, 4))
+    v = ValueSpec(DType.FLOAT32, (16, 64))  # enough random values that some are negative, whatever the seed
     return LayerSpec(name, "LeakyRelu", {"alpha": alpha}, (v,), (v,))
 
 
