@@ -30,7 +30,8 @@ try:  # Gluon is experimental: without it (or on an older triton) the tactic ref
 except ImportError:  # pragma: no cover
     gluon = None
 
-from kiln.kernels.common import pdl_args, tma_nhwc
+from kiln.kernels.common import (ERF_CLAMP, ERF_P0, ERF_P1, ERF_P2, ERF_P3, ERF_P4, ERF_P5, ERF_Q1, ERF_Q2, ERF_Q3,
+                                 ERF_Q4, ERF_Q5, pdl_args, tma_nhwc)
 from kiln.kernels.int8_gemm import MAGIC_BITS, ROUND_MAGIC
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
@@ -247,6 +248,16 @@ if gluon is not None:
         return activate_requant(v, out_inv, ACT)
 
     @gluon.jit
+    def erf(x):
+        """kernels/common.erf in Gluon: the same rational fit, constants and clamp."""
+        inside = gl.abs(x) < ERF_CLAMP
+        x = gl.minimum(gl.maximum(x, -ERF_CLAMP), ERF_CLAMP)
+        u = x * x
+        p = gl.fma(gl.fma(gl.fma(gl.fma(gl.fma(u, ERF_P5, ERF_P4), u, ERF_P3), u, ERF_P2), u, ERF_P1), u, ERF_P0)
+        q = gl.fma(gl.fma(gl.fma(gl.fma(gl.fma(u, ERF_Q5, ERF_Q4), u, ERF_Q3), u, ERF_Q2), u, ERF_Q1), u, 1.0)
+        return gl.where(inside, gl.fdiv(x * p, q), gl.where(x < 0, -1.0, 1.0))
+
+    @gluon.jit
     def activate_requant(v, out_inv, ACT: gl.constexpr):
         """The activation, then int8 at out_inv: clamped to ±127, rounded half to even by the 1.5·2²³ add. ReLU is
         the clamp's lower bound (relu(v)·out_inv = max(v·out_inv, 0) for out_inv > 0: one instruction fewer)."""
@@ -254,7 +265,7 @@ if gluon is not None:
             q = gl.minimum(gl.maximum(v * out_inv, 0.0), 127.0)
         else:
             if ACT == "gelu_erf":
-                v = 0.5 * v * (1.0 + gl.erf(v * 0.7071067811865476))
+                v = 0.5 * v * (1.0 + erf(v * 0.7071067811865476))
             q = gl.minimum(gl.maximum(v * out_inv, -127.0), 127.0)
         return ((q + ROUND_MAGIC).to(gl.int32, bitcast=True) - MAGIC_BITS).to(gl.int8)
 

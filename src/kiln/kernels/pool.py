@@ -129,13 +129,19 @@ def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[
     return y
 
 
-GLOBAL_CONFIGS = [{"BLOCK_HW": 32, "BLOCK_C": 128, "num_warps": 4}, {"BLOCK_HW": 64, "BLOCK_C": 64, "num_warps": 4},
-                  {"BLOCK_HW": 16, "BLOCK_C": 256, "num_warps": 4}]
+# Timed on the layout each was made for (the autotuner's "layout" mark); a map of the other layout takes that
+# layout's first config. NCHW: blocks of BLOCK_HW pixels x BLOCK_C channels of one image; channels_last: BLOCK_C
+# channels of one image, UNROLL pixels' loads in flight per step, no cross-thread sums.
+NCHW_CONFIGS = [{"BLOCK_HW": 16, "BLOCK_C": 256, "num_warps": 4}, {"BLOCK_HW": 32, "BLOCK_C": 128, "num_warps": 4}]
+NHWC_CONFIGS = [{"UNROLL": 8, "BLOCK_C": 256, "num_warps": 1}, {"UNROLL": 8, "BLOCK_C": 512, "num_warps": 2},
+                {"UNROLL": 4, "BLOCK_C": 1024, "num_warps": 4}, {"UNROLL": 16, "BLOCK_C": 128, "num_warps": 1}]
+GLOBAL_CONFIGS = [{"layout": "nhwc", **c} for c in NHWC_CONFIGS] + [{"layout": "nchw", **c} for c in NCHW_CONFIGS]
 
 
 @triton.jit
 def _global_pool_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr, BLOCK_HW: tl.constexpr,
                         BLOCK_C: tl.constexpr):
+    """Any layout: each program one image x a block of channels, summing BLOCK_HW x BLOCK_C tiles across threads."""
     n = tl.program_id(0)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = rc < C
@@ -154,17 +160,43 @@ def _global_pool_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr
     tl.store(y + n.to(tl.int64) * C + rc, acc.to(y.dtype.element_ty), mask=c_ok)
 
 
+@triton.jit
+def _global_pool_rows_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr, UNROLL: tl.constexpr,
+                             BLOCK_C: tl.constexpr):
+    """Channels-last maps: each program one image x a run of channels, each thread summing its own channels over
+    the pixels (UNROLL loads in flight at a time)."""
+    n = tl.program_id(0)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = rc < C
+    acc = tl.full((BLOCK_C,), float("-inf") if MAX else 0.0, tl.float32)
+    base = x + n.to(tl.int64) * s_xn + rc * s_xc
+    for p0 in range(0, HW, UNROLL):
+        for i in tl.static_range(UNROLL):
+            v = tl.load(base + (p0 + i) * s_xp, mask=c_ok & (p0 + i < HW), other=float("-inf") if MAX else 0.0)
+            if MAX:
+                acc = tl.maximum(acc, v.to(tl.float32))
+            else:
+                acc += v.to(tl.float32)
+    if not MAX:
+        acc = acc * inv_hw
+    tl.store(y + n.to(tl.int64) * C + rc, acc.to(y.dtype.element_ty), mask=c_ok)
+
+
 def global_pool2d(x: torch.Tensor, op: str, config: dict | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """GlobalAveragePool (op "avg", summed in fp32) or GlobalMaxPool ("max") of a float x [N, C, H, W] whose H and W
-    flatten into one stride (NCHW or channels_last): [N, C, 1, 1]; each program one image × a block of channels."""
-    cfg = config or GLOBAL_CONFIGS[0]
+    flatten into one stride (NCHW or channels_last): [N, C, 1, 1]."""
     n, c, h, w = x.shape
     if h > 1 and x.stride(2) != w * x.stride(3):
         raise ValueError("H and W must flatten into one stride (NCHW or channels_last)")
     y = take(out, (n, c, 1, 1), x.dtype, x.device)
-    if y.numel():
-        _global_pool_kernel[(n, triton.cdiv(c, cfg["BLOCK_C"]))](
-            x, y, c, h * w, x.stride(0), x.stride(1), x.stride(3), 1.0 / max(h * w, 1), MAX=op == "max",
-            BLOCK_HW=cfg["BLOCK_HW"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"])
+    if not y.numel():
+        return y
+    rows = x.stride(1) == 1 and c > 1  # channels_last
+    cfg = config if config and ("UNROLL" in config) == rows else (NHWC_CONFIGS if rows else NCHW_CONFIGS)[0]
+    kernel, block = (_global_pool_rows_kernel, dict(UNROLL=cfg["UNROLL"])) if rows else \
+        (_global_pool_kernel, dict(BLOCK_HW=cfg["BLOCK_HW"]))
+    kernel[(n, triton.cdiv(c, cfg["BLOCK_C"]))](x, y, c, h * w, x.stride(0), x.stride(1), x.stride(3),
+                                                1.0 / max(h * w, 1), MAX=op == "max", BLOCK_C=cfg["BLOCK_C"],
+                                                num_warps=cfg["num_warps"], **block)
     return y

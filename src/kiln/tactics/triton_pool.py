@@ -1,6 +1,7 @@
 """2-D MaxPool through the Triton kernel (kernels/pool.py): float, and the int8 / fp8 activations of quantized
 engines (torch has no integer max pooling on CUDA); timed against torch_pool on float inputs. Global average and
-max pooling of float 2-D maps too: torch's mean over a channels_last map's H and W is a slow strided reduction."""
+max pooling of float 2-D maps too, its configs timed on the layout each was made for: torch's mean over an NCHW
+map's H and W is a slow strided reduction."""
 
 from __future__ import annotations
 
@@ -63,5 +64,6 @@ def _compile_global(spec: LayerSpec, config, device):
 
 
 register(Tactic("triton_global_pool", ("GlobalAveragePool", "GlobalMaxPool"), _compile_global, _supports_global,
-                lambda spec, device, level: list(pool.GLOBAL_CONFIGS[:1] if level <= 1 else pool.GLOBAL_CONFIGS),
+                lambda spec, device, level: pool.GLOBAL_CONFIGS if level > 1 else [pool.GLOBAL_CONFIGS[0],
+                                                                                    pool.GLOBAL_CONFIGS[-1]],
                 priority=12, writes_out=True))
