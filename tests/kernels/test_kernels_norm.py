@@ -183,10 +183,13 @@ def test_add_layernorm_takes_symbolic_rows_and_runs_at_any_row_count():
     spec = LayerSpec("l", "AddLayerNorm", LN, (sym, sym, *spec.inputs[2:]), (sym, ValueSpec(None, None)))
     tactic = registry.get("triton_add_layernorm")
     assert tactic.supports(spec, CPU) is None
-    kernel = tactic.compile(spec, tactic.configs(spec, CPU, 3)[0], CPU)
-    for shape in [(1, 1, 64), (3, 7, 64)]:
-        a, r = torch.randn(shape), torch.randn(shape)
-        _check(kernel([a, r, w, b])[0], run_reference("AddLayerNorm", [a, r, w, b], LN)[0])
+    configs = tactic.configs(spec, CPU, 3)
+    assert {c.get("ROWS", 1) for c in configs} >= {1, 2, 4, 8}  # one row a program, and blocks of rows
+    for config in configs:
+        kernel = tactic.compile(spec, config, CPU)
+        for shape in [(1, 1, 64), (3, 7, 64)]:  # fewer rows than a block, and a ragged last block
+            a, r = torch.randn(shape), torch.randn(shape)
+            _check(kernel([a, r, w, b])[0], run_reference("AddLayerNorm", [a, r, w, b], LN)[0])
     other = ValueSpec(DType.FLOAT32, ("batch", "other", 64))
     assert "shapes differ" in tactic.supports(LayerSpec("l", "AddLayerNorm", LN, (sym, other, *spec.inputs[2:]),
                                                         spec.outputs), CPU)

@@ -4,6 +4,7 @@ tactic all writing the same quantized copy; CPU (Triton under TRITON_INTERPRET=1
 
 import numpy as np
 import torch
+import triton
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
@@ -121,6 +122,9 @@ def test_folded_quantize_is_the_quantize_of_the_normalized_output():
         yb, _ = layernorm.add_layer_norm(a.to(dtype), b.to(dtype), w, bias, 1e-5)
         assert torch.equal(ya, yb) and torch.equal(qa, quantize.quantize(ya, 0.02))
         assert torch.equal(sa, a.to(dtype) + b.to(dtype))
+        block = {"BLOCK": triton.next_power_of_2(D), "num_warps": 4, "ROWS": 4}  # blocks of 4 rows, 6 rows: ragged
+        assert all(torch.equal(x, z) for x, z in zip(layernorm.add_layer_norm(
+            a.to(dtype), b.to(dtype), w, bias, 1e-5, block, q_scale=0.02), (ya, sa, qa)))
     _, _, q8 = layernorm.add_layer_norm(a, b, w, bias, 1e-5, q_scale=0.02, q_dtype=torch.float8_e4m3fn)
     assert q8.dtype == torch.float8_e4m3fn and torch.equal(q8.float(), quantize.quantize(
         layernorm.add_layer_norm(a, b, w, bias, 1e-5)[0], 0.02, dtype=torch.float8_e4m3fn).float())

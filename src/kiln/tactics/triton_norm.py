@@ -86,7 +86,15 @@ def _supports_add_ln(spec: LayerSpec, device) -> str | None:
 
 
 def _configs_add_ln(spec: LayerSpec, device, level: int):
-    return [c for c in row_configs(_width(spec), level) if c["BLOCK"] >= _width(spec)]
+    """The row configs, with blocks of 2-8 rows a program after the first (level ≥ 2): 8192 fp16 rows of 768 took
+    9.3 µs one a program and 7.5 µs four a program; with the folded int8 output one a program stayed fastest (H200)."""
+    one = [c for c in row_configs(_width(spec), level) if c["BLOCK"] >= _width(spec)]
+    if level <= 1:
+        return one
+    block = one[0]["BLOCK"]
+    many = [{"BLOCK": block, "num_warps": w, "ROWS": r} for r, w in ((4, 4), (8, 8), (2, 4), (4, 8))
+            if r * block <= 8192]
+    return one[:1] + many + one[1:]
 
 
 def _compile_add_ln(spec: LayerSpec, config, device):
