@@ -34,11 +34,11 @@ build(conv._conv_kernel, c, {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu", "
 ln = dict(zip("x w b y".split(), [h] * 4)) | {"N": "i32", "s_x": "i32", "s_y": "i32", "eps": "fp32"}
 for one_pass in (True, False):
     build(layernorm._layernorm_kernel, ln, {"HAS_BIAS": True, "BLOCK": 1024, "ONE_PASS": one_pass})
-aln = dict(zip("a r w b y s q".split(), [h] * 6 + ["*i8"])) | {"N": "i32", "s_a": "i32", "s_r": "i32", "eps": "fp32",
-                                                              "q_scale": "fp32"}
-for quant in (False, True):  # add+LayerNorm, and with the quantized copy an int8 GEMM reads
-    build(layernorm._add_layernorm_kernel, aln, {"HAS_BIAS": True, "STORE_SUM": True, "QUANT": quant, "FP8": False,
-                                                 "EXACT_DIV": True, "BLOCK": 1024})
+aln = dict(zip("a r w b y s q qm".split(), [h] * 6 + ["*i8", h])) | {
+    "M": "i32", "N": "i32", "s_a": "i32", "s_r": "i32", "eps": "fp32", "q_scale": "fp32"}
+for quant, rows in ((False, 1), (True, 1), (False, 4)):  # add+LayerNorm, with the int8 copy, and 4 rows a program
+    build(layernorm._add_layernorm_kernel, aln, {"HAS_BIAS": True, "STORE_SUM": True, "QUANT": quant, "Q_MUL": False,
+                                                 "FP8": False, "EXACT_DIV": True, "BLOCK": 1024, "ROWS": rows})
 print("compiled")
 '''
 

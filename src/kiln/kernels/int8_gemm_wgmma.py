@@ -30,7 +30,8 @@ try:  # Gluon is experimental: without it (or on an older triton) the tactic ref
 except ImportError:  # pragma: no cover
     gluon = None
 
-from kiln.kernels.common import erf, pdl_args, tma_nhwc  # erf: a triton.jit function, compiled as Gluon here
+from kiln.kernels.common import (ERF_CLAMP, ERF_P0, ERF_P1, ERF_P2, ERF_P3, ERF_P4, ERF_P5, ERF_Q1, ERF_Q2, ERF_Q3,
+                                 ERF_Q4, ERF_Q5, pdl_args, tma_nhwc)
 from kiln.kernels.int8_gemm import MAGIC_BITS, ROUND_MAGIC
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
@@ -245,6 +246,17 @@ if gluon is not None:
             r = gl.load(res + gl.expand_dims(res_off, 1) + gl.expand_dims(rn, 0), mask=mask, other=0)
             v += r.to(gl.float32) * res_scale
         return activate_requant(v, out_inv, ACT)
+
+    @gluon.jit
+    def erf(x):
+        """kernels/common.erf in Gluon: the same rational fit, constants and clamp. A copy, because a triton.jit
+        function that Gluon calls must be compiled, and under TRITON_INTERPRET (the CPU tests) it is not."""
+        inside = gl.abs(x) < ERF_CLAMP
+        x = gl.minimum(gl.maximum(x, -ERF_CLAMP), ERF_CLAMP)
+        u = x * x
+        p = gl.fma(gl.fma(gl.fma(gl.fma(gl.fma(u, ERF_P5, ERF_P4), u, ERF_P3), u, ERF_P2), u, ERF_P1), u, ERF_P0)
+        q = gl.fma(gl.fma(gl.fma(gl.fma(gl.fma(u, ERF_Q5, ERF_Q4), u, ERF_Q3), u, ERF_Q2), u, ERF_Q1), u, 1.0)
+        return gl.where(inside, gl.fdiv(x * p, q), gl.where(x < 0, -1.0, 1.0))
 
     @gluon.jit
     def activate_requant(v, out_inv, ACT: gl.constexpr):
