@@ -139,3 +139,15 @@ def test_a_failing_peer_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     assert row["best_peer"] == "eager" and row["speedup_vs_best_peer"] > 0 and row["kiln"]["median_ms"] > 0
     md = next(tmp_path.glob("cpu-*.md")).read_text()
     assert "error [1]" in md and "1. RuntimeError: compile failed" in md
+
+
+def test_few_sms_probe_gives_each_run_its_own_timing_cache():
+    """A green context reports every SM, so the slice's and the whole GPU's runs must not share tuned choices."""
+    from pathlib import Path
+
+    from benchmarks.probes.gpu_few_sms import own_cache
+
+    assert own_cache(["--models", "x"], Path("/o/sms-40/cache"), "sms-40") == ["--models", "x", "--cache",
+                                                                                 "/o/sms-40/cache"]
+    given = own_cache(["--cache", "/tmp/c", "--quick"], Path("/o/sms-all/cache"), "sms-all")
+    assert given == ["--cache", "/tmp/c/sms-all", "--quick"]

@@ -102,6 +102,15 @@ def _rows(folder: Path) -> dict:
     return out
 
 
+def own_cache(suite_args: list[str], default: Path, label: str) -> list[str]:
+    """The suite's arguments with a timing cache of the run's own (a given --cache gets a subfolder per run): a green
+    context reports every SM, so a shared cache would hand the slice's choices to the whole-GPU run."""
+    if "--cache" not in suite_args:
+        return [*suite_args, "--cache", str(default)]
+    i = suite_args.index("--cache") + 1
+    return [*suite_args[:i], str(Path(suite_args[i]) / label), *suite_args[i + 1:]]
+
+
 def main() -> None:
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -116,9 +125,8 @@ def main() -> None:
     started, runs = time.time(), {}
     for label, sms in ((f"sms-{args.sms}", args.sms), ("sms-all", 0)):
         folder = args.out / label
-        own_cache = [] if "--cache" in suite_args else ["--cache", str(folder / "cache")]  # each run tunes afresh
         done = subprocess.run([sys.executable, "-m", "benchmarks.probes.gpu_few_sms", "--inner-sms", str(sms),
-                               "--out", str(folder), "--", *suite_args, *own_cache])
+                               "--out", str(folder), "--", *own_cache(suite_args, folder / "cache", label)])
         facts_path = folder / "green-context.json"
         runs[label] = {"exit": done.returncode,
                        "facts": json.loads(facts_path.read_text()) if facts_path.exists() else None,
