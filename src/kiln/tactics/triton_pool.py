@@ -64,6 +64,5 @@ def _compile_global(spec: LayerSpec, config, device):
 
 
 register(Tactic("triton_global_pool", ("GlobalAveragePool", "GlobalMaxPool"), _compile_global, _supports_global,
-                lambda spec, device, level: pool.GLOBAL_CONFIGS if level > 1 else [pool.GLOBAL_CONFIGS[0],
-                                                                                    pool.GLOBAL_CONFIGS[-1]],
+                lambda spec, device, level: list(pool.GLOBAL_CONFIGS[:1] if level <= 1 else pool.GLOBAL_CONFIGS),
                 priority=12, writes_out=True))
