@@ -151,3 +151,16 @@ def test_few_sms_probe_gives_each_run_its_own_timing_cache():
                                                                                  "/o/sms-40/cache"]
     given = own_cache(["--cache", "/tmp/c", "--quick"], Path("/o/sms-all/cache"), "sms-all")
     assert given == ["--cache", "/tmp/c/sms-all", "--quick"]
+
+
+def test_peer_runs_keep_the_fastest_and_record_every_median(tmp_path, monkeypatch):
+    """--peer-runs 3: the peer is prepared and timed three times; its row keeps the fastest run."""
+    from benchmarks import suite
+
+    medians = iter([1.0, 5.0, 3.0, 4.0])  # kiln's run, then the peer's three
+    monkeypatch.setattr(suite, "timed", lambda fn, device, batch, quick: {"median_ms": next(medians, 9.0)})
+    results = suite.main([*TINY, "--peer-runs", "3", "--out", str(tmp_path), "--cache", str(tmp_path / "cache")])
+    (row,) = results["rows"]
+    eager = row["peers"]["eager"]
+    assert eager["run_medians_ms"] == [5.0, 3.0, 4.0] and eager["median_ms"] == 3.0
+    assert row["speedup_vs_best_peer"] == 3.0
