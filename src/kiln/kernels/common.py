@@ -115,8 +115,9 @@ def tanh(x):
 
 
 # erf(x) = x·P(x²) / Q(x²) on |x| < 3.92 (exactly ±1 beyond): a rational fit (benchmarks/probes/fit_erf.py) within
-# 4e-7 of erf in about half the instructions of libdevice's erff, which made erf GELU epilogues ALU-bound (BERT's
-# FFN int8 GEMM at batch 64: 44 µs without the GELU, 79 µs with erff, 65 µs with this; H200). Gluon shares these.
+# 4e-7 of erf in ten fused multiply-adds and a division, cheaper than libdevice's erff, which made erf GELU epilogues
+# ALU-bound (BERT's FFN int8 GEMM at batch 64: 44 µs without the GELU, 79 µs with erff, 65 µs with this; H200).
+# Gluon shares these.
 ERF_CLAMP = tl.constexpr(3.92)
 ERF_P0, ERF_P1, ERF_P2 = tl.constexpr(1.1283791065216064), tl.constexpr(0.18671834468841553), \
     tl.constexpr(0.05228833854198456)
