@@ -78,7 +78,8 @@ def _client_main(index: int, jobs, results) -> None:
 def _fixed_load(job: dict) -> dict:
     from kiln.cli.loadgen import run_load
 
-    r = run_load(job["url"], job["model"], job["feeds"], protocol="grpc", concurrency=job["concurrency"],
+    r = run_load(job["url"], job["model"], job["feeds"], protocol=job.get("protocol", "grpc"),
+                 concurrency=job["concurrency"],
                  requests=job.get("requests"), duration_s=job.get("duration"), timeout_s=job.get("timeout", 60.0),
                  shared_memory=job.get("shared_memory", "none"))
     r.pop("shapes", None)
@@ -557,9 +558,12 @@ class Probe:
         b64 = measure(lambda: ctx.run(f64), device=dev, warmup=10, iterations=a.offline_iters).median
         b1_dev = measure(lambda: ctx.run(f1), device=dev, warmup=20, iterations=a.offline_iters * 2).median
         b1_host = wall_ms(lambda: ctx.run(h1), iters=a.offline_iters * 2, warmup=20)
+        h64 = self.feeds(key, MAX_BATCH, None)
+        b64_host = wall_ms(lambda: ctx.run(h64), iters=a.offline_iters, warmup=10)
         out = {"b64_ms": b64, "b64_items_per_s": MAX_BATCH / b64 * 1e3, "b1_device_ms": b1_dev,
-               "b1_host_ms": b1_host, "timing": f"b64 and b1 device: kiln.util.timing.measure on {dev} (median); "
-                                                 "b1 host: numpy in -> numpy out, wall clock, median"}
+               "b1_host_ms": b1_host, "b64_host_ms": b64_host, "b64_host_items_per_s": MAX_BATCH / b64_host * 1e3,
+               "timing": f"b64 and b1 device: kiln.util.timing.measure on {dev} (median); b1 and b64 host: numpy in "
+                         "-> numpy out, wall clock, median"}
         self.engines[key]["offline"] = out
         return out
 
@@ -620,11 +624,13 @@ class Probe:
         return out
 
     def load(self, model: str, feeds: dict, concurrency: int, *, duration: float | None = None,
-             requests: int | None = None, shared_memory: str = "none") -> dict:
+             requests: int | None = None, shared_memory: str = "none", protocol: str = "grpc") -> dict:
         """`concurrency` batch-1 clients over the client processes; combined report + server statistics delta.
-        `shared_memory` "system": tensors pass through the clients' POSIX shared memory regions."""
+        `shared_memory` "system": tensors pass through the clients' POSIX shared memory regions; `protocol` grpc or
+        http (binary tensors)."""
         per = split(concurrency, self.args.clients)
-        jobs = [{"kind": "fixed", "url": self.server.url, "model": model, "feeds": feeds, "concurrency": c,
+        url = self.server.url if protocol == "grpc" else self.server.http_url
+        jobs = [{"kind": "fixed", "url": url, "model": model, "feeds": feeds, "concurrency": c, "protocol": protocol,
                  "duration": duration, "shared_memory": shared_memory} for c in per]
         if requests is not None:
             for job, n in zip(jobs, split(requests, len(per))):
@@ -637,16 +643,49 @@ class Probe:
         out["client_answered_minus_server_counted"] = out["requests"] - out["server"]["answered"]
         return out
 
-    def throughput(self, key: str, shared_memory: str = "none") -> dict:
+    def throughput(self, key: str, shared_memory: str = "none", protocol: str = "grpc") -> dict:
         a = self.args
         feeds = self.request_feeds(key)
-        self.load(key, feeds, a.concurrency, duration=a.warmup_seconds, shared_memory=shared_memory)
-        out = self.load(key, feeds, a.concurrency, duration=a.duration, shared_memory=shared_memory)
-        out["shared_memory"] = shared_memory
-        off = self.engines[key].get("offline")
-        if off:
-            out["ratio_to_offline_b64"] = out["infer_per_s"] / off["b64_items_per_s"]
-        return out
+        self.load(key, feeds, a.concurrency, duration=a.warmup_seconds, shared_memory=shared_memory,
+                  protocol=protocol)
+        out = self.load(key, feeds, a.concurrency, duration=a.duration, shared_memory=shared_memory,
+                        protocol=protocol)
+        out["shared_memory"], out["protocol"] = shared_memory, protocol
+        return out | self.ratios(key, out["infer_per_s"])
+
+    def ratios(self, key: str, per_s: float) -> dict:
+        """Served requests/s over the engine's offline batch-64 items/s, device-resident and host tensors."""
+        off = self.engines[key].get("offline") or {}
+        return {name: per_s / off[k] for name, k in (("ratio_to_offline_b64", "b64_items_per_s"),
+                                                     ("ratio_to_offline_b64_host", "b64_host_items_per_s"))
+                if off.get(k)}
+
+    def perf_analyzer(self, key: str, model: str, protocol: str, concurrency: int) -> dict:
+        """NVIDIA's perf_analyzer (C++, --perf-analyzer) at `concurrency` over `protocol`: batch-1 requests of zeros,
+        its infer/s and latency percentiles (its CSV, µs → ms), and the server's statistics over the run."""
+        a = self.args
+        csv = a.out / f"pa-{model}-{protocol}-c{concurrency}.csv"
+        url = (self.server.url if protocol == "grpc" else self.server.http_url).removeprefix("http://")
+        command = [str(a.perf_analyzer), "-m", model, "-u", url, "-i", protocol, "-b", "1",
+                   "--concurrency-range", str(concurrency), "--input-data", "zero", "--measurement-interval",
+                   str(int(a.duration * 1000 / 2)), "--max-trials", "4", "--stability-percentage", "25", "-f", str(csv)]
+        before = statistics(self.server.url, model)
+        run = subprocess.run(command, capture_output=True, text=True, timeout=a.duration * 6 + 60)
+        if run.returncode != 0:
+            raise RuntimeError(f"perf_analyzer exit {run.returncode}: {(run.stdout + run.stderr)[-1500:]}")
+        lines = csv.read_text().splitlines()
+        row = dict(zip(lines[0].split(","), lines[1].split(",")))
+        us = {k: float(v) for k, v in row.items() if k.endswith("latency") and v}
+        out = {"command": " ".join(command), "protocol": protocol, "concurrency": concurrency,
+               "infer_per_s": float(row["Inferences/Second"]),
+               "p50_ms": us.get("p50 latency", 0) / 1e3, "p99_ms": us.get("p99 latency", 0) / 1e3,
+               "stdout_tail": run.stdout[-1200:]}
+        out["server"] = stats_delta(before, statistics(self.server.url, model))
+        out["mean_batch"] = out["server"]["mean_batch"]
+        off = self.engines[key].get("offline") or {}
+        if concurrency == 1 and off.get("b1_host_ms"):
+            out["server_adds_ms"] = out["p50_ms"] - off["b1_host_ms"]
+        return out | self.ratios(key, out["infer_per_s"])
 
     def overload(self) -> dict:
         a = self.args
@@ -802,11 +841,21 @@ class Probe:
                         self.part(f"c1 {key}", lambda k=key: self.conc1(k), need_s=10)
                 for key in ("resnet50", "bert"):
                     if key in self.engines:
-                        self.part(f"c{a.concurrency} {key}", lambda k=key: self.throughput(k),
-                                  need_s=a.duration + a.warmup_seconds + 10)
+                        for proto in a.protocols:
+                            name = f"c{a.concurrency} {key}" + ("" if proto == "grpc" else f" {proto}")
+                            self.part(name, lambda k=key, p=proto: self.throughput(k, protocol=p),
+                                      need_s=a.duration + a.warmup_seconds + 10)
                         if a.shared_memory:
                             self.part(f"c{a.concurrency} {key} shm", lambda k=key: self.throughput(k, "system"),
                                       need_s=a.duration + a.warmup_seconds + 10)
+                if a.perf_analyzer:
+                    for key in ("resnet50", "bert"):
+                        for proto in a.protocols:
+                            if key in self.engines:
+                                for c, model in ((1, f"{key}_nodelay"), (a.concurrency, key)):
+                                    self.part(f"perf_analyzer c{c} {key} {proto}",
+                                              lambda k=key, m=model, p=proto, c=c: self.perf_analyzer(k, m, p, c),
+                                              need_s=a.duration * 2 + 10)
                 if "bert" in self.engines:
                     self.part(f"overload c{2 * a.concurrency} bert", self.overload, need_s=a.overload_duration + 10)
                 if "minilm" in self.engines:
@@ -883,6 +932,18 @@ class Probe:
                              f"{shm['infer_per_s']:.0f} infer/s, p50 {f(shm['p50_ms'])} / p99 {f(shm['p99_ms'])} ms, "
                              f"÷ offline {f(shm.get('ratio_to_offline_b64'))}, mean batch {f(shm['mean_batch'], 1)}, "
                              f"failed {shm['failed']}")
+            off = p.get(f"offline {key}") or {}
+            if off.get("b64_host_items_per_s"):
+                lines.append(f"- {key}, the engine alone at batch {MAX_BATCH} with host tensors (numpy in, numpy out): "
+                             f"{off['b64_host_items_per_s']:.0f} items/s")
+            runs = [(n, v) for n, v in p.items() if isinstance(v, dict) and "infer_per_s" in v
+                    and (n == f"c{c} {key} http" or n.startswith("perf_analyzer ") and f" {key} " in n)]
+            for n, v in runs:
+                adds = f", server adds {f(v['server_adds_ms'], 3)} ms" if v.get("server_adds_ms") is not None else ""
+                lines.append(f"- {n}: {v['infer_per_s']:.0f} infer/s, p50 {f(v['p50_ms'], 3)} / p99 "
+                             f"{f(v['p99_ms'], 3)} ms{adds}, ÷ offline {f(v.get('ratio_to_offline_b64'))} (host "
+                             f"tensors {f(v.get('ratio_to_offline_b64_host'))}), mean batch {f(v.get('mean_batch'), 1)}"
+                             + (f", failed {v['failed']}" if "failed" in v else ""))
         o = p.get(f"overload c{2 * c} bert") or {}
         if "infer_per_s" in o:
             lines.append(f"- overload: {o['model']} (max_queue_size {o['max_queue_size']}) at concurrency {2 * c}: "
@@ -982,6 +1043,10 @@ def main() -> None:
     ap.add_argument("--server-prefix", default="",
                     help="a command the server runs under, e.g. 'py-spy record --format raw -o F --'")
     ap.add_argument("--workers", type=int, default=1, help="kiln serve --workers (server processes)")
+    ap.add_argument("--protocols", type=lambda v: v.split(","), default=["grpc"],
+                    help="comma-separated protocols of the concurrency runs: grpc, http (binary tensors)")
+    ap.add_argument("--perf-analyzer", type=Path, default=None,
+                    help="NVIDIA perf_analyzer binary (tritonclient's wheel): also load the server with it")
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free one")
     ap.add_argument("--http-port", type=int, default=0, help="0: a free one")
     args = ap.parse_args()

@@ -93,6 +93,41 @@ def test_parse_refuses_bad_binary_sizes():
         parse_infer_request(body.replace(b"16}", b"-1}"), n, None)
 
 
+@pytest.mark.parametrize("disconnect", [True, False])
+def test_unless_gone_cancels_the_work_only_when_the_client_goes(disconnect):
+    import asyncio
+
+    from kiln.serve.errors import ClientGone
+    from kiln.serve.http import unless_gone
+
+    async def main():
+        cancelled, client_gone = [], asyncio.Event()
+
+        async def receive():  # the ASGI server's next message after the body
+            await client_gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def work():
+            try:
+                await asyncio.sleep(0.05)
+                return "answer"
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        if disconnect:
+            asyncio.get_running_loop().call_later(0.01, client_gone.set)
+            with pytest.raises(ClientGone):
+                await unless_gone(receive, work())
+            assert cancelled and asyncio.current_task().cancelling() == 0  # the handler itself goes on
+        else:
+            assert await unless_gone(receive, work()) == "answer" and not cancelled
+            client_gone.set()  # a disconnect after the answer cancels nothing
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+
+
 def test_encode_response_json_and_binary():
     y, z = np.arange(4, dtype=np.float32).reshape(2, 2), np.array([True, False])
     body, n = encode_infer_response("m", "1", {"y": y, "z": z}, [("y", False), ("z", False)], "id7")
@@ -334,6 +369,8 @@ def test_raw_http_errors(server):
     assert status == 400
     status, doc = _request(url, "GET", "/v2/no/such/route")
     assert status == 404 and "error" in doc
+    status, doc = _request(url, "GET", infer)  # the infer route answers POST only
+    assert status == 405 and "POST" in doc["error"]
     # system shared memory is off without `kiln serve --shared-memory`
     status, doc = _request(url, "POST", "/v2/systemsharedmemory/region/r/register",
                            b'{"key": "/k", "offset": 0, "byte_size": 16}')

@@ -341,16 +341,9 @@ class DynamicBatcher:
         try:
             rows = sum(r.rows for r in live)
             padded = self._padded_length(live, rows)
-            feeds = {k: (np.concatenate([self._pad(k, r.inputs[k], padded) for r in live]) if len(live) > 1
-                         else _writable(self._pad(k, live[0].inputs[k], padded))) for k in live[0].inputs}
             bucket = self._bucket(rows, padded)
-            if bucket > rows:
-                feeds = {k: np.concatenate([v, np.repeat(v[-1:], bucket - rows, axis=0)]) for k, v in feeds.items()}
-            input_ns = time.perf_counter_ns() - start
-            outputs, infer_ns = await self._threads.run(state.loop, self._execute, feeds)
-            split_start = time.perf_counter_ns()
-            answers = self._split(live, outputs, bucket, padded) if self.max_batch_size else [outputs]
-            output_ns = time.perf_counter_ns() - split_start
+            answers, input_ns, infer_ns, output_ns = await self._threads.run(state.loop, self._execute, live, padded,
+                                                                             bucket)
         except Exception as e:  # every request of the batch gets exactly one answer
             self._report(BatchRecord(sum(r.rows for r in live), len(live), infer_ns, queue_ns, False, input_ns))
             err = e if isinstance(e, ServeError) else _engine_error(self.name, e)
@@ -379,15 +372,31 @@ class DynamicBatcher:
             for ctx in contexts:
                 self._contexts.put(ctx)
 
-    def _execute(self, feeds: dict) -> tuple[dict, int]:
-        """On a worker thread: run the engine on a free execution context; (outputs, nanoseconds of the run)."""
+    def _assemble(self, live: list[Request], padded: int | None, bucket: int) -> dict[str, np.ndarray]:
+        """The batch's feeds: each request's inputs padded to `padded` and stacked, then the last row repeated up to
+        `bucket` rows."""
+        rows = sum(r.rows for r in live)
+        feeds = {k: (np.concatenate([self._pad(k, r.inputs[k], padded) for r in live]) if len(live) > 1
+                     else _writable(self._pad(k, live[0].inputs[k], padded))) for k in live[0].inputs}
+        if bucket > rows:
+            feeds = {k: np.concatenate([v, np.repeat(v[-1:], bucket - rows, axis=0)]) for k, v in feeds.items()}
+        return feeds
+
+    def _execute(self, live: list[Request], padded: int | None, bucket: int) -> tuple[list[dict], int, int, int]:
+        """On a worker thread (off the event loop, which keeps taking requests in): assemble the batch, run the engine
+        on a free execution context and split the outputs; (each request's answer, ns assembling, ns running, ns
+        splitting)."""
+        start = time.perf_counter_ns()
+        feeds = self._assemble(live, padded, bucket)
         ctx = self._contexts.get()
         try:
-            start = time.perf_counter_ns()
+            ran = time.perf_counter_ns()
             outputs = _run_on_device(ctx, feeds) if self._on_cuda else ctx.run(feeds)
-            return outputs, time.perf_counter_ns() - start
         finally:
             self._contexts.put(ctx)
+        done = time.perf_counter_ns()
+        answers = self._split(live, outputs, bucket, padded) if self.max_batch_size else [outputs]
+        return answers, ran - start, done - ran, time.perf_counter_ns() - done
 
     def _padded_length(self, live: list[Request], rows: int) -> int | None:
         """The length the batch's padded inputs are padded to: the longest, rounded up to `length_multiple` where

@@ -8,11 +8,12 @@ pure functions (`parse_infer_request`, `encode_infer_response`) so they can be t
 
 from __future__ import annotations
 
-import logging
 import asyncio
 import inspect
+import logging
 import json
 import math
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -247,25 +248,30 @@ async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
 
-async def _until_disconnected(request: Request) -> None:
-    """Return once the client has gone: after the body, the ASGI server's next message is http.disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_gone(request: Request, work):
+async def unless_gone(receive, work):
     """Await the coroutine `work`, cancelling it if the client disconnects first (a queued request is dropped, as
-    over gRPC); ClientGone then, which no one reads."""
-    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_until_disconnected(request))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
+    over gRPC); ClientGone then, which no one reads. One watcher task: after the body, the ASGI server's next
+    message is http.disconnect."""
+    task, state = asyncio.current_task(), {"waiting": True, "gone": False}
+
+    def disconnected(watch: asyncio.Future) -> None:
+        if state["waiting"] and not watch.cancelled() and watch.exception() is None \
+                and watch.result()["type"] == "http.disconnect":
+            state["gone"] = True
             task.cancel()
-    if task.cancelled():
-        raise ClientGone("the client disconnected before the answer")
-    return task.result()
+
+    watch = asyncio.ensure_future(receive())
+    watch.add_done_callback(disconnected)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not state["gone"]:
+            raise
+        task.uncancel()
+        raise ClientGone("the client disconnected before the answer") from None
+    finally:
+        state["waiting"] = False
+        watch.cancel()
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -305,6 +311,75 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def error_response(e: Exception, method: str, path: str) -> JSONResponse:
+    """A ServeError's status and message; another KilnError is the user's (400); anything else kiln's bug (500, logged
+    with its traceback)."""
+    if isinstance(e, ServeError):
+        return _error(int(getattr(e, "http_status", 500)), str(e) or type(e).__name__)
+    if isinstance(e, KilnError) and not isinstance(e, InternalError):
+        return _error(400, str(e) or type(e).__name__)
+    log.error("HTTP %s %s failed", method, path, exc_info=e,
+              extra={"fields": {"event": "internal_error", "path": path}})
+    return _error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+class InferRoute:
+    """The infer endpoints (`/v2/models/NAME[/versions/V]/infer`) as plain ASGI in front of the FastAPI app: the
+    hot path skips FastAPI's routing and dependency solving, which cost more than kiln's own handling of a request.
+    Every other path goes on to `app`."""
+
+    PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+
+    def __init__(self, app, repo, max_body_bytes: int, shared_memory: SharedMemoryRegistry | None):
+        self.app, self.repo, self.max_body_bytes, self.shared_memory = app, repo, max_body_bytes, shared_memory
+
+    async def __call__(self, scope, receive, send) -> None:
+        match = self.PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
+        if match is None:
+            return await self.app(scope, receive, send)
+        request = Request(scope, receive)
+        try:
+            if scope["method"] != "POST":
+                response = _error(405, f"{scope['method']} is not allowed on {scope['path']}: infer takes POST")
+            else:
+                response = await self.infer(request, match[1], match[2])
+        except ClientGone:
+            return  # no one reads the answer
+        except Exception as e:  # noqa: BLE001 - the same answers as the app's exception handlers
+            response = error_response(e, scope["method"], scope["path"])
+        await response(scope, receive, send)
+
+    async def infer(self, request: Request, name: str, version: str | None) -> Response:
+        start = time.perf_counter_ns()
+        _check_name(name)
+        served = self.repo.get(name, version)
+        body = await read_body(request, self.max_body_bytes)
+        decode_start = time.perf_counter_ns()  # the body's transfer is in `success`, not in compute_input
+        expected = {t.name: to_v2(t.data_type) for t in served.config.input}
+        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), expected,
+                                     shared_memory=self.shared_memory)
+        known = [t.name for t in served.config.output]
+        if parsed.outputs is not None:
+            for out_name, _ in parsed.outputs:
+                if out_name not in known:
+                    raise BadRequest(f"unknown output '{out_name}'; the model's outputs: {', '.join(known)}")
+            order = parsed.outputs
+        else:
+            order = [(n, parsed.binary_default) for n in known]
+        requested = [n for n, _ in parsed.outputs] if parsed.outputs is not None else None
+
+        def encode(results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+            return encode_infer_response(served.name, str(served.version), results, order, parsed.id,
+                                         shm_outputs=parsed.shm_outputs, shared_memory=self.shared_memory)
+
+        content, header_length = await unless_gone(request.receive, served.infer(
+            parsed.inputs, requested, parsed.timeout_s, start_ns=start, decode_ns=time.perf_counter_ns() - decode_start,
+            encode=encode))
+        if header_length is None:
+            return Response(content, media_type="application/json")
+        return Response(content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
+
+
 def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
                shared_memory: SharedMemoryRegistry | None = None,
                shared_stats: SharedStatistics | None = None) -> FastAPI:
@@ -315,11 +390,12 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
         raise ValueError("max_body_bytes must be positive")
     app = FastAPI(title="kiln", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.repo = repo
+    app.add_middleware(InferRoute, repo=repo, max_body_bytes=max_body_bytes, shared_memory=shared_memory)
     extensions = EXTENSIONS + (["system_shared_memory"] if shared_memory is not None else [])
 
-    @app.exception_handler(ServeError)
+    @app.exception_handler(ServeError)  # handled here, not by the catch-all (Starlette re-raises what that answers)
     async def _serve_error(request: Request, e: ServeError):
-        return _error(int(getattr(e, "http_status", 500)), str(e) or type(e).__name__)
+        return error_response(e, request.method, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
@@ -327,11 +403,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
 
     @app.exception_handler(Exception)
     async def _other_error(request: Request, e: Exception):
-        if isinstance(e, KilnError) and not isinstance(e, InternalError):
-            return _error(400, str(e) or type(e).__name__)
-        log.error("HTTP %s %s failed", request.method, request.url.path, exc_info=e,
-                  extra={"fields": {"event": "internal_error", "path": request.url.path}})
-        return _error(500, f"internal error: {type(e).__name__}: {e}")
+        return error_response(e, request.method, request.url.path)
 
     def model(name: str, version: str | None):
         _check_name(name)
@@ -364,34 +436,6 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
         _check_name(name)
         return {"model_stats": statistics_of(repo.models(name, version), shared_stats)}
 
-    async def infer(request: Request, name: str, version: str | None = None):
-        start = time.perf_counter_ns()
-        served = model(name, version)
-        body = await read_body(request, max_body_bytes)
-        decode_start = time.perf_counter_ns()  # the body's transfer is in `success`, not in compute_input
-        expected = {t.name: to_v2(t.data_type) for t in served.config.input}
-        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), expected, shared_memory=shared_memory)
-        known = [t.name for t in served.config.output]
-        if parsed.outputs is not None:
-            for out_name, _ in parsed.outputs:
-                if out_name not in known:
-                    raise BadRequest(f"unknown output '{out_name}'; the model's outputs: {', '.join(known)}")
-            order = parsed.outputs
-        else:
-            order = [(n, parsed.binary_default) for n in known]
-        requested = [n for n, _ in parsed.outputs] if parsed.outputs is not None else None
-
-        def encode(results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
-            return encode_infer_response(served.name, str(served.version), results, order, parsed.id,
-                                         shm_outputs=parsed.shm_outputs, shared_memory=shared_memory)
-
-        content, header_length = await unless_gone(request, served.infer(
-            parsed.inputs, requested, parsed.timeout_s, start_ns=start, decode_ns=time.perf_counter_ns() - decode_start,
-            encode=encode))
-        if header_length is None:
-            return Response(content, media_type="application/json")
-        return Response(content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
-
     # statistics of every loaded model, registered before /v2/models/{name}, which would take "stats" as a name
     async def all_stats():  # every loaded version of every model; one not loaded has no statistics
         return {"model_stats": statistics_of(repo.models(), shared_stats)}
@@ -401,8 +445,6 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
                        ("/stats", model_stats)):
         app.add_api_route(f"/v2/models/{{name}}{suffix}", fn, methods=["GET"])
         app.add_api_route(f"/v2/models/{{name}}/versions/{{version}}{suffix}", fn, methods=["GET"])
-    app.add_api_route("/v2/models/{name}/infer", infer, methods=["POST"])
-    app.add_api_route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"])
 
     # the repository extension
     async def _json_body(request: Request) -> dict:
