@@ -239,7 +239,8 @@ class Server:
         command = [*shlex.split(args.server_prefix), sys.executable, "-m", "kiln", "serve", str(repo),
                    "--grpc-port", str(args.grpc_port),
                    "--http-port", str(args.http_port), "--metrics-port", "-1", "--device", args.device,
-                   *(["--shared-memory"] if args.shared_memory else []), "--workers", str(args.workers)]
+                   *(["--shared-memory"] if args.shared_memory else []), "--workers", str(args.workers),
+                   *shlex.split(args.server_args)]
         self.workers = args.workers
         self.command = " ".join(command)
         self.prefixed = bool(args.server_prefix)
@@ -635,10 +636,11 @@ class Probe:
         if requests is not None:
             for job, n in zip(jobs, split(requests, len(per))):
                 job |= {"duration": None, "requests": n}
-        before = statistics(self.server.url, model)
+        before, stages = statistics(self.server.url, model), stage_totals(self.server.url, model)
         parts = self.clients.run(jobs, timeout_s=(duration or 0) + 300)
         out = combine(parts) | {"concurrency": concurrency, "per_process_concurrency": per}
         out["server"] = stats_delta(before, statistics(self.server.url, model))
+        out["server_stages"] = stage_means(stages, stage_totals(self.server.url, model))
         out["mean_batch"] = out["server"]["mean_batch"]
         out["client_answered_minus_server_counted"] = out["requests"] - out["server"]["answered"]
         return out
@@ -1043,6 +1045,7 @@ def main() -> None:
     ap.add_argument("--server-prefix", default="",
                     help="a command the server runs under, e.g. 'py-spy record --format raw -o F --'")
     ap.add_argument("--workers", type=int, default=1, help="kiln serve --workers (server processes)")
+    ap.add_argument("--server-args", default="", help="more kiln serve options, e.g. '--gil-switch-us 5000'")
     ap.add_argument("--protocols", type=lambda v: v.split(","), default=["grpc"],
                     help="comma-separated protocols of the concurrency runs: grpc, http (binary tensors)")
     ap.add_argument("--perf-analyzer", type=Path, default=None,

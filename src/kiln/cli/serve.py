@@ -3,6 +3,7 @@ with `--ray` the same HTTP routes deployed on Ray Serve (kiln.serve.ray_app) ove
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -91,6 +92,11 @@ def serve(
     loop: Annotated[str, typer.Option(
         "--loop", help="The event loop HTTP, gRPC and the batcher share: auto (uvloop when installed: ~5 % more "
                        "requests/s on a CPU), uvloop or asyncio (Python's).")] = "auto",
+    gil_switch_us: Annotated[int, typer.Option(
+        "--gil-switch-us", min=1, help="Python's thread switch interval in microseconds (sys.setswitchinterval): "
+                                       "how long the busy event loop may keep Python's lock while an engine thread "
+                                       "waits for it. Python's default, 5000, leaves engine calls waiting for the "
+                                       "front end under load.")] = 100,
     log_format: Annotated[str, typer.Option(
         "--log-format", help="Server logs on stderr: text ('kiln serve: ...') or json (one object per line: time, "
                              "level, logger, message, event fields).")] = "text",
@@ -142,7 +148,8 @@ def serve(
             raise ConfigError("--shared-memory needs --workers 1: each worker would keep its own regions, and a "
                               "client's connections may reach different workers")
         argv = ["--device", device, "--policy", policy, "--max-body-bytes", str(max_body_bytes), "--loop", loop,
-                "--log-format", log_format] + ["--log-requests"] * log_requests + ["--verbose"] * verbose
+                "--gil-switch-us", str(gil_switch_us), "--log-format", log_format]
+        argv += ["--log-requests"] * log_requests + ["--verbose"] * verbose
         raise typer.Exit(_serve_workers(repository, host, http_port, grpc_port, metrics_port, workers, argv))
     try:
         import uvloop
@@ -150,6 +157,7 @@ def serve(
         if loop == "uvloop":
             raise ConfigError("--loop uvloop needs uvloop: pip install uvloop (or --loop asyncio)") from None
         uvloop = None
+    sys.setswitchinterval(gil_switch_us / 1e6)
     worker = None if worker_index is None else Worker(worker_index, {"HTTP": http_fd, "metrics": metrics_fd})
     main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory,
                   worker)
@@ -236,7 +244,6 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
     import shutil
     import signal
     import subprocess
-    import sys
     import tempfile
     import time
 

@@ -35,6 +35,9 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics"]
 _BAD_NAME_PARTS = ("..", "/", "\\", "\x00")
 
 log = logging.getLogger(__name__)
+# FastAPI >= 0.165 looks up OpenTelemetry providers on every request unless told not to (older ones have no option)
+_NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                 if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 
 @dataclass
@@ -215,6 +218,17 @@ def encode_infer_response(model_name: str, model_version: str, results: dict[str
                           shared_memory: SharedMemoryRegistry | None = None) -> tuple[bytes, int | None]:
     """(body, JSON header length or None): the v2 response for `results`, outputs in `order` ((name, binary) pairs);
     binary outputs follow the JSON header, those of `shm_outputs` are written into shared memory and carry no data."""
+    header, blobs = encode_infer_parts(model_name, model_version, results, order, request_id,
+                                       shm_outputs=shm_outputs, shared_memory=shared_memory)
+    return (header, None) if not blobs else (header + b"".join(blobs), len(header))
+
+
+def encode_infer_parts(model_name: str, model_version: str, results: dict[str, np.ndarray],
+                       order: list[tuple[str, bool]], request_id: str | None = None, *,
+                       shm_outputs: dict[str, TensorRef] | None = None,
+                       shared_memory: SharedMemoryRegistry | None = None) -> tuple[bytes, list[bytes]]:
+    """`encode_infer_response` as (JSON header, the binary outputs' bytes), sent one after the other: the outputs
+    are not copied again into one body."""
     response: dict = {"model_name": model_name, "model_version": model_version}
     if request_id is not None:
         response["id"] = request_id
@@ -226,17 +240,14 @@ def encode_infer_response(model_name: str, model_version: str, results: dict[str
             shared_memory.write(f"output '{name}'", shm_outputs[name], array)
             entry["parameters"] = shm_outputs[name].parameters()
         elif binary:
-            blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+            blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()  # ASGI bodies are bytes
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
             entry["data"] = array.reshape(-1).tolist()
         outputs.append(entry)
     response["outputs"] = outputs
-    header = json.dumps(response, separators=(",", ":")).encode()
-    if not blobs:
-        return header, None
-    return header + b"".join(blobs), len(header)
+    return json.dumps(response, separators=(",", ":")).encode(), blobs
 
 
 def _check_name(name: str) -> None:
@@ -323,6 +334,27 @@ def error_response(e: Exception, method: str, path: str) -> JSONResponse:
     return _error(500, f"internal error: {type(e).__name__}: {e}")
 
 
+class _PartsResponse:
+    """An infer answer sent as its JSON header and then each binary output as it lies in memory (ASGI body messages
+    with more_body), under one Content-Length."""
+
+    def __init__(self, header: bytes, blobs: list[bytes]):
+        self.parts = [header, *blobs]
+        headers = [(b"content-length", str(sum(len(p) for p in self.parts)).encode())]
+        if blobs:
+            headers += [(b"content-type", b"application/octet-stream"),
+                        (HEADER_LENGTH.lower().encode(), str(len(header)).encode())]
+        else:
+            headers.append((b"content-type", b"application/json"))
+        self.headers = headers
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+        last = len(self.parts) - 1
+        for i, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+
 class InferRoute:
     """The infer endpoints (`/v2/models/NAME[/versions/V]/infer`) as plain ASGI in front of the FastAPI app: the
     hot path skips FastAPI's routing and dependency solving, which cost more than kiln's own handling of a request.
@@ -349,7 +381,7 @@ class InferRoute:
             response = error_response(e, scope["method"], scope["path"])
         await response(scope, receive, send)
 
-    async def infer(self, request: Request, name: str, version: str | None) -> Response:
+    async def infer(self, request: Request, name: str, version: str | None) -> _PartsResponse:
         start = time.perf_counter_ns()
         _check_name(name)
         served = self.repo.get(name, version)
@@ -368,16 +400,14 @@ class InferRoute:
             order = [(n, parsed.binary_default) for n in known]
         requested = [n for n, _ in parsed.outputs] if parsed.outputs is not None else None
 
-        def encode(results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
-            return encode_infer_response(served.name, str(served.version), results, order, parsed.id,
-                                         shm_outputs=parsed.shm_outputs, shared_memory=self.shared_memory)
+        def encode(results: dict[str, np.ndarray]) -> tuple[bytes, list[bytes]]:
+            return encode_infer_parts(served.name, str(served.version), results, order, parsed.id,
+                                      shm_outputs=parsed.shm_outputs, shared_memory=self.shared_memory)
 
-        content, header_length = await unless_gone(request.receive, served.infer(
+        header, blobs = await unless_gone(request.receive, served.infer(
             parsed.inputs, requested, parsed.timeout_s, start_ns=start, decode_ns=time.perf_counter_ns() - decode_start,
             encode=encode))
-        if header_length is None:
-            return Response(content, media_type="application/json")
-        return Response(content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
+        return _PartsResponse(header, blobs)
 
 
 def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
@@ -388,7 +418,8 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
     `shared_stats`: the statistics summed over the workers of `kiln serve --workers N` (None: this process's)."""
     if max_body_bytes <= 0:
         raise ValueError("max_body_bytes must be positive")
-    app = FastAPI(title="kiln", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="kiln", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
+                  **_NO_TELEMETRY)
     app.state.repo = repo
     app.add_middleware(InferRoute, repo=repo, max_body_bytes=max_body_bytes, shared_memory=shared_memory)
     extensions = EXTENSIONS + (["system_shared_memory"] if shared_memory is not None else [])
