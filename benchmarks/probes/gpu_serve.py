@@ -895,7 +895,8 @@ class Probe:
         lines = [f"# kiln serve on {r.get('device')} ({r['date']}{', SMOKE: tiny models' if a.smoke else ''})", "",
                  f"kiln {r.get('kiln')}, torch {r.get('torch')}, triton {r.get('triton')}, tritonclient "
                  f"{r.get('tritonclient')}; fp16 engines, max_batch_size {MAX_BATCH}, preferred {PREFERRED}, queue "
-                 f"delay {a.queue_delay_us} µs, {a.instances} instances; gRPC; load from {a.clients} client "
+                 f"delay {a.queue_delay_us} µs, {a.instances} instances, --workers {a.workers}; concurrency 1 over "
+                 f"gRPC and HTTP, concurrency runs over {' and '.join(a.protocols)}; load from {a.clients} client "
                  f"processes (kiln.cli.loadgen.run_load), {a.duration:g} s. `python -m benchmarks.probes.gpu_serve`.",
                  "", f"| model | offline b{MAX_BATCH} items/s | engine b1 ms host / device | c1 p50 / p99 ms "
                  f"(no delay) | server adds ms | c1 p50 ms with the {a.queue_delay_us} µs delay | c{c} infer/s | "
