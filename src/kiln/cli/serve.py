@@ -104,9 +104,9 @@ def serve(
         "--log-requests", help="Also log every inference: model, version, status, milliseconds.")] = False,
     workers: Annotated[int, typer.Option(
         "--workers", min=1, help="Serve from this many processes, each loading every model (N engine copies on the "
-                                 "device, N batching queues): one Python process takes in about a thousand requests "
-                                 "a second. The kernel spreads HTTP and gRPC connections over them; /metrics and "
-                                 "the v2 statistics sum every worker's (the other workers' statistics lag by up to "
+                                 "device, N batching queues): one Python process takes in one to two thousand "
+                                 "requests a second. The kernel spreads HTTP and gRPC connections over them; /metrics "
+                                 "and the v2 statistics sum every worker's (the other workers' statistics lag by up to "
                                  "0.2 s); model load / unload and --shared-memory need --workers 1.")] = 1,
     worker_index: Annotated[Optional[int], typer.Option("--worker-index", hidden=True)] = None,
     http_fd: Annotated[Optional[int], typer.Option("--http-fd", hidden=True)] = None,
