@@ -128,6 +128,29 @@ def test_unless_gone_cancels_the_work_only_when_the_client_goes(disconnect):
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("size", [16, 1 << 20])
+def test_parts_response_joins_small_outputs_and_streams_large_ones(size):
+    import asyncio
+
+    from kiln.serve.http import _PartsResponse, encode_infer_parts
+
+    y = np.arange(size // 4, dtype=np.float32)
+    header, blobs = encode_infer_parts("m", "1", {"y": y}, [("y", True)])
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(_PartsResponse(header, blobs)(None, None, send))
+    headers = dict(sent[0]["headers"])
+    bodies = [m["body"] for m in sent[1:]]
+    assert len(bodies) == (1 if size < _PartsResponse.JOIN_BELOW else 2)  # one socket write less when small
+    assert [m["more_body"] for m in sent[1:]] == [True] * (len(bodies) - 1) + [False]
+    body = b"".join(bodies)
+    assert int(headers[b"content-length"]) == len(body) and int(headers[HEADER_LENGTH.lower().encode()]) == len(header)
+    assert body[len(header):] == y.tobytes() and all(isinstance(b, bytes) for b in bodies)  # ASGI bodies are bytes
+
+
 def test_encode_response_json_and_binary():
     y, z = np.arange(4, dtype=np.float32).reshape(2, 2), np.array([True, False])
     body, n = encode_infer_response("m", "1", {"y": y, "z": z}, [("y", False), ("z", False)], "id7")

@@ -335,11 +335,15 @@ def error_response(e: Exception, method: str, path: str) -> JSONResponse:
 
 
 class _PartsResponse:
-    """An infer answer sent as its JSON header and then each binary output as it lies in memory (ASGI body messages
-    with more_body), under one Content-Length."""
+    """An infer answer sent as its JSON header and then each binary output (ASGI body messages with more_body), under
+    one Content-Length: large outputs are not copied again into one body; small ones are joined, as each body
+    message costs the server a socket write."""
+
+    JOIN_BELOW = 64 << 10  # bytes of binary outputs joined into the header's message
 
     def __init__(self, header: bytes, blobs: list[bytes]):
-        self.parts = [header, *blobs]
+        small = sum(len(b) for b in blobs) < self.JOIN_BELOW
+        self.parts = [header + b"".join(blobs)] if small and blobs else [header, *blobs]
         headers = [(b"content-length", str(sum(len(p) for p in self.parts)).encode())]
         if blobs:
             headers += [(b"content-type", b"application/octet-stream"),
