@@ -22,6 +22,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from kiln.errors import InternalError, KilnError
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2, to_v2
@@ -329,6 +330,8 @@ def error_response(e: Exception, method: str, path: str) -> JSONResponse:
         return _error(int(getattr(e, "http_status", 500)), str(e) or type(e).__name__)
     if isinstance(e, KilnError) and not isinstance(e, InternalError):
         return _error(400, str(e) or type(e).__name__)
+    if isinstance(e, ClientDisconnect):  # gone while sending its body: no one reads this, and it is no kiln error
+        return _error(400, "the client disconnected while sending the request")
     log.error("HTTP %s %s failed", method, path, exc_info=e,
               extra={"fields": {"event": "internal_error", "path": path}})
     return _error(500, f"internal error: {type(e).__name__}: {e}")
@@ -379,7 +382,7 @@ class InferRoute:
                 response = _error(405, f"{scope['method']} is not allowed on {scope['path']}: infer takes POST")
             else:
                 response = await self.infer(request, match[1], match[2])
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):
             return  # no one reads the answer
         except Exception as e:  # noqa: BLE001 - the same answers as the app's exception handlers
             response = error_response(e, scope["method"], scope["path"])
