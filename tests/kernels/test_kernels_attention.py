@@ -136,7 +136,8 @@ def test_supports_reasons():
 def _fused_spec(attrs, inputs):
     vals = tuple(ValueSpec(DType.from_torch(t.dtype), tuple(t.shape)) for t in inputs)
     want = run_reference("FusedAttention", inputs, attrs)
-    return LayerSpec("l", "FusedAttention", attrs, vals, (ValueSpec(vals[0].dtype, tuple(want[0].shape)),)), want
+    out = ValueSpec(DType.from_torch(want[0].dtype), tuple(want[0].shape))
+    return LayerSpec("l", "FusedAttention", attrs, vals, (out,)), want
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -162,11 +163,37 @@ def test_fused_attention_3d_with_3d_mask():
     _check(tactic.compile(spec, SMALL, CPU)(inputs)[0], want[0])
 
 
+@pytest.mark.parametrize("name", ["triton_fused_attention", "sdpa_fused_attention"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_attention_int8_output_is_its_float_output_quantized(name, dtype):
+    """With q_scale (quant/fold_quantize.py) a tactic writes int8: exactly QuantizeLinear of the float output it
+    writes without q_scale (rounded to Q's dtype), as the unfused graph computes it; near the reference's."""
+    q, k, v = _qkv(dtype, hkv=4)
+    inputs = [q, k.transpose(-1, -2).contiguous(), v, torch.randn(2, 1, 1, 23).to(dtype)]
+    plain_spec, plain = _fused_spec({"scale": None, "scale_on": "scores"}, inputs)
+    q_scale = float(plain[0].float().abs().max()) / 200  # the largest values saturate at ±127
+    spec, want = _fused_spec({"scale": None, "scale_on": "scores", "q_scale": q_scale, "q_dtype": DType.INT8}, inputs)
+    tactic = registry.get(name)
+    assert want[0].dtype == torch.int8 and tactic.supports(spec, CPU) is None
+    config = SMALL if name.startswith("triton") else tactic.configs(spec, CPU, 0)[0]
+    got = tactic.compile(spec, config, CPU)(inputs)[0]
+    y = tactic.compile(plain_spec, config, CPU)(inputs)[0]
+    quantized = run_reference("QuantizeLinear", [y, torch.tensor(q_scale)],
+                              {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": DType.INT8,
+                               "precision": None})[0]
+    assert got.dtype == torch.int8 and torch.equal(got, quantized)
+    assert (got.int() - want[0].int()).abs().max() <= 1 and got.abs().max() == 127
+
+
 def test_fused_attention_supports_reasons():
     tactic = registry.get("triton_fused_attention")
     q, k, v = _qkv(torch.float32, hkv=4)
     assert "3-D or all 4-D" in tactic.supports(_fused_spec({"scale": None, "scale_on": "scores"},
                                                            [q[0, 0], k[0, 0].t(), v[0, 0]])[0], CPU)
+    fp8 = {"scale": None, "scale_on": "scores", "q_scale": 0.1, "q_dtype": DType.FP8E4M3}
+    spec, _ = _fused_spec(fp8, [q, k.transpose(-1, -2), v])
+    assert "int8 only" in tactic.supports(spec, CPU) and "int8 only" in registry.get("sdpa_fused_attention").supports(
+        spec, CPU)
     half_mask = torch.zeros(19, 23).half()
     spec, _ = _fused_spec({"scale": None, "scale_on": "scores"}, [q, k.transpose(-1, -2), v, half_mask])
     assert "float" in tactic.supports(spec, CPU)

@@ -195,3 +195,74 @@ def test_smoothquant_int8_build_has_no_mul_after_its_add_layernorms(tmp_path):
     engine.save(tmp_path / "smooth.plan")  # the fifth input survives the plan file
     x = RNG.standard_normal((8, D)).astype(np.float32)
     np.testing.assert_array_equal(kiln.load(tmp_path / "smooth.plan").run({"x": x})["y"], engine.run({"x": x})["y"])
+
+
+def _attention_quantize(extra_reader: str | None = None) -> Network:
+    """BERT's int8 attention tail: y = FusedAttention(q, kt, v);  t = Transpose(y, 0 2 1 3);  r = Reshape(t);
+    y_q = QuantizeLinear(r, 0.01);  z = DequantizeLinear(y_q). `extra_reader`: a tensor also made an output."""
+    net = Network("attq")
+    b, h, s, d = 2, 4, 8, 16
+    for name, dtype, shape in (("q", DType.FLOAT32, (b, h, s, d)), ("kt", DType.FLOAT32, (b, h, d, s)),
+                               ("v", DType.FLOAT32, (b, h, s, d)), ("y", DType.FLOAT32, (b, h, s, d)),
+                               ("t", DType.FLOAT32, (b, s, h, d)), ("r", DType.FLOAT32, (b, s, h * d)),
+                               ("y_q", DType.INT8, (b, s, h * d)), ("z", DType.FLOAT32, (b, s, h * d))):
+        net.add_tensor(name, dtype, shape)
+    net.add_constant("shape", torch.tensor([b, s, h * d]))
+    net.add_constant("s_y", torch.tensor(0.01, dtype=torch.float32))
+    net.inputs, net.outputs = ["q", "kt", "v"], ["z"] + ([extra_reader] if extra_reader else [])
+    quant = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": DType.INT8, "precision": None}
+    net.layers = [Layer("att", "FusedAttention", ["q", "kt", "v"], ["y"], {"scale": None, "scale_on": "scores"}),
+                  Layer("tr", "Transpose", ["y"], ["t"], {"perm": [0, 2, 1, 3]}),
+                  Layer("rs", "Reshape", ["t", "shape"], ["r"], {"allowzero": 0}),
+                  Layer("qz", "QuantizeLinear", ["r", "s_y"], ["y_q"], quant),
+                  Layer("dq", "DequantizeLinear", ["y_q", "s_y"], ["z"], {"axis": 1, "block_size": 0,
+                                                                          "output_dtype": DType.FLOAT32})]
+    verify_network(net)
+    return net
+
+
+def test_pass_folds_an_int8_quantize_through_the_head_merge_into_the_attention():
+    """before ⇒ after as the docstring shows it (the views carry int8), the same outputs bit for bit; a view or
+    attention output that something else reads keeps the graph as it was."""
+    before = _attention_quantize()
+    after, ctx = apply(before, fold_quantize)
+    assert kinds(after) == ["FusedAttention", "Transpose", "Reshape", "DequantizeLinear"]
+    att, tr, rs = after.layers[:3]
+    assert att.attrs["q_scale"] == float(torch.tensor(0.01)) and att.attrs["q_dtype"] is DType.INT8
+    assert tr.inputs[0] == att.outputs[0] and rs.inputs[0] == tr.outputs[0] and rs.outputs == ["y_q"]
+    assert {after.tensors[t].dtype for t in (att.outputs[0], tr.outputs[0], "y_q")} == {DType.INT8}
+    assert ctx.log["fold_quantize.layers"] == 1
+    g = torch.Generator().manual_seed(2)
+    feeds = {"q": torch.randn(2, 4, 8, 16, generator=g).numpy(), "kt": torch.randn(2, 4, 16, 8, generator=g).numpy(),
+             "v": torch.randn(2, 4, 8, 16, generator=g).numpy()}
+    assert_same_outputs(before, after, feeds, rtol=0, atol=0)
+    for reader in ("t", "r", "y"):
+        kept = _attention_quantize(reader)
+        assert kinds(apply(kept, fold_quantize)[0]) == kinds(kept), reader
+
+
+def test_int8_bert_build_folds_the_attention_output_quantize():
+    """A tiny BERT built int8 on the CPU: every attention writes int8 for its output projection, and the engine
+    still agrees with the float one."""
+    import tempfile
+    from pathlib import Path
+
+    from models.export import export
+    from models.text import LastHidden, tiny_bert
+
+    model = LastHidden(tiny_bert(layers=2), pooled=False)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    ids = torch.randint(0, 500, (2, 16), generator=torch.Generator().manual_seed(0))
+    args = (ids, torch.ones(2, 16, dtype=torch.int64), torch.zeros(2, 16, dtype=torch.int64))
+    path = export(model, args, Path(tempfile.mkdtemp()) / "bert.onnx", dynamo=False, input_names=names,
+                  output_names=["y"])
+    feeds = [dict(zip(names, (RNG.integers(0, 500, (2, 16)), np.ones((2, 16), np.int64), np.zeros((2, 16), np.int64))))
+             for _ in range(4)]
+    shapes = {n: (2, 16) for n in names}
+    engine = kiln.build(str(path), kiln.BuildConfig.with_shapes(shapes, device="cpu", int8=True), calib_data=feeds)
+    attention = [layer for layer in engine.network.layers if layer.kind == "FusedAttention"]
+    assert len(attention) == 2 and all(a.attrs.get("q_scale") for a in attention)
+    assert all(engine.network.tensors[a.outputs[0]].dtype is DType.INT8 for a in attention)
+    float_engine = kiln.build(str(path), kiln.BuildConfig.with_shapes(shapes, device="cpu"))
+    got, want = engine.create_context().run(feeds[0])["y"], float_engine.create_context().run(feeds[0])["y"]
+    assert _cosine(np.asarray(got), np.asarray(want)) > 0.999

@@ -248,8 +248,8 @@ def build(model: str | os.PathLike | bytes | onnx.ModelProto, config: BuildConfi
         run_passes(net, build_passes(pctx.target, Stage.PRECISION), pctx)
         folded, paired, chained = (pctx.log.get(f"{p}.layers", 0) for p in ("fold_quantize", "fuse_conv_pair",
                                                                            "fuse_conv_chain"))
-        return notes + ([f"{folded} QuantizeLinear layers folded into the add+LayerNorm before them"] if folded
-                        else []) + ([f"{paired} int8 1x1 convs fused with the 1x1 conv that adds them (a "
+        return notes + ([f"{folded} QuantizeLinear layers folded into the add+LayerNorm or attention before them"]
+                        if folded else []) + ([f"{paired} int8 1x1 convs fused with the 1x1 conv that adds them (a "
                                      "bottleneck's last conv and its downsample)"] if paired else []) + \
             ([f"{chained} int8 1x1 convs fused with the 1x1 conv that reads them (a bottleneck's last conv and the "
               "next block's first)"] if chained else [])

@@ -14,8 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import DEFAULT_SMEM, dot_precision, pow2, upcast_dot
+from kiln.kernels.common import DEFAULT_SMEM, INTERPRET, dot_precision, pow2, upcast_dot
 from kiln.kernels.out_buffer import take
+from kiln.kernels.quantize import quantize_values
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 MASK_NONE, MASK_ADD, MASK_BOOL = 0, 1, 2
@@ -27,15 +28,16 @@ _SPACE = [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 
 
 
 @triton.jit
-def _flash_kernel(q, k, v, mask, o, H, GROUPS, Sq, Skv, D, DV, qk_scale,
+def _flash_kernel(q, k, v, mask, o, H, GROUPS, Sq, Skv, D, DV, qk_scale, q_scale,
                   s_qb, s_qh, s_qm, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
                   s_mb, s_mh, s_mm, s_mn, s_ob, s_oh, s_om, s_od,
                   MASK: tl.constexpr, MASK_ROWS: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr,
-                  PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                  PRECISION: tl.constexpr, UPCAST: tl.constexpr, QUANT: tl.constexpr, EXACT_DIV: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """One BLOCK_M tile of query rows of one (batch, head); scores in base 2 (qk_scale holds log2 e), so
     exp2 replaces exp. EVEN_N: Skv is a multiple of BLOCK_N (no key bounds); MASK_ROWS: the mask varies
-    along query rows (else one mask vector per key tile, as a key-padding mask)."""
+    along query rows (else one mask vector per key tile, as a key-padding mask); QUANT: o gets the output, rounded
+    to Q's dtype, quantized to int8 with q_scale (as a QuantizeLinear reading it computes it)."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -99,7 +101,9 @@ def _flash_kernel(q, k, v, mask, o, H, GROUPS, Sq, Skv, D, DV, qk_scale,
             vt = vt.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
         m_i = m_new
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = (acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]).to(q.dtype.element_ty)
+    if QUANT:
+        out = quantize_values(out, q_scale, False, EXACT_DIV)
     tl.store(o + b * s_ob + h * s_oh + rm[:, None] * s_om + rdv[None, :] * s_od, out.to(o.dtype.element_ty),
              mask=q_rows[:, None] & (rdv < DV)[None, :])
 
@@ -127,28 +131,30 @@ def configs(sq: int | None, d: int, dv: int, itemsize: int, smem: int, level: in
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
               causal: bool = False, scale: float | None = None, config: dict | None = None,
-              tf32: bool = False, heads_inner: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(scale · q kᵀ + mask) v for (B, H, S, D) tensors of any strides; the result has q's dtype and
-    shape (B, Hq, Sq, Dv), laid out as (B, Sq, Hq, Dv) when `heads_inner` (heads merged back by a view); in
-    `out`'s bytes when given."""
+              tf32: bool = False, heads_inner: bool = False, q_scale: float | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(scale · q kᵀ + mask) v for (B, H, S, D) tensors of any strides; the result has q's dtype (int8, the
+    per-tensor QuantizeLinear of that, with `q_scale`) and shape (B, Hq, Sq, Dv), laid out as (B, Sq, Hq, Dv) when
+    `heads_inner` (heads merged back by a view); in `out`'s bytes when given."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
     cfg = config or configs(sq, d, dv, q.element_size(), DEFAULT_SMEM, 0)[0]
+    dtype = torch.int8 if q_scale is not None else q.dtype
     if heads_inner:
-        o = take(out, (bsz, sq, hq, dv), q.dtype, q.device).transpose(1, 2)
+        o = take(out, (bsz, sq, hq, dv), dtype, q.device).transpose(1, 2)
     else:
-        o = take(out, (bsz, hq, sq, dv), q.dtype, q.device)
+        o = take(out, (bsz, hq, sq, dv), dtype, q.device)
     if o.numel() == 0:
         return o
     kind = MASK_NONE if mask is None else MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
     m = mask.expand(bsz, hq, sq, skv) if mask is not None else o
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]), bsz * hq)
-    _flash_kernel[grid](q, k, v, m, o, hq, hq // hkv, sq, skv, d, dv, float(scale) * LOG2E,
+    _flash_kernel[grid](q, k, v, m, o, hq, hq // hkv, sq, skv, d, dv, float(scale) * LOG2E, float(q_scale or 1.0),
                         *q.stride(), *k.stride(), *v.stride(), *m.stride(), *o.stride(),
                         MASK=kind, MASK_ROWS=mask is not None and sq > 1 and m.stride(2) != 0,
                         EVEN_N=skv % cfg["BLOCK_N"] == 0, CAUSAL=causal, PRECISION=dot_precision(q.dtype, tf32),
-                        UPCAST=upcast_dot(q.dtype),
+                        UPCAST=upcast_dot(q.dtype), QUANT=q_scale is not None, EXACT_DIV=not INTERPRET,
                         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=pow2(d, 16, 256),
                         BLOCK_DV=pow2(dv, 16, 256), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o

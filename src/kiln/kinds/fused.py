@@ -68,7 +68,8 @@ def fused_gemm(inputs, attrs):
     return activate(y, attrs["activation"], attrs["activation_params"])
 
 
-@kind("FusedAttention", attrs={"nan_to_zero": BOOL, "scale": (FLOAT | NONE).req, "scale_on": STR.req})
+@kind("FusedAttention", attrs={"nan_to_zero": BOOL, "q_dtype": DTYPE, "q_scale": FLOAT | NONE,
+                               "scale": (FLOAT | NONE).req, "scale_on": STR.req})
 def fused_attention(inputs, attrs):
     """Softmax(scale · Q @ Kᵀ + mask, last axis) @ V, as MatMul → scale → Add → Softmax → MatMul.
 
@@ -77,7 +78,8 @@ def fused_attention(inputs, attrs):
     1/√D of Q's last dim at run time); scale_on "scores" (the product is multiplied by scale) or "qk"
     (Q and KT are each multiplied by √scale first, as torch's SDPA decomposition writes it);
     nan_to_zero (optional, default False): NaN probabilities, as a row masked all -inf gives, become 0
-    (SDPA's safe softmax) before the product with V.
+    (SDPA's safe softmax) before the product with V. With q_scale (quant/fold_quantize.py) the output is
+    QuantizeLinear(Y, q_scale) to q_dtype (int8, per tensor, saturating).
     """
     q, kt, v, mask = (list(inputs) + [None] * 4)[:4]
     scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -92,7 +94,10 @@ def fused_attention(inputs, attrs):
     p = _ref("Softmax", [scores], {"axis": -1})
     if attrs.get("nan_to_zero"):
         p = _ref("Where", [_ref("IsNaN", [p]), _scalar(0.0, p), p])
-    return _ref("MatMul", [p, v])
+    y = _ref("MatMul", [p, v])
+    if attrs.get("q_scale") is None:
+        return y
+    return _quantize(y, attrs["q_scale"], attrs["q_dtype"])
 
 
 @kind("AddLayerNorm", attrs={"axis": INT, "epsilon": FLOAT, "q_dtype": DTYPE, "q_scale": FLOAT | NONE,
@@ -107,9 +112,14 @@ def add_layer_norm(inputs, attrs):
     y = _ref("LayerNormalization", [s, scale, bias], {k: v for k, v in attrs.items() if not k.startswith("q_")})
     if attrs.get("q_scale") is None:
         return y, s
-    q_attrs = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": attrs["q_dtype"], "precision": None}
     q_in = y if q_mul is None else _ref("Mul", [y, q_mul.to(y.dtype)])
-    return y, s, _ref("QuantizeLinear", [q_in, torch.tensor(attrs["q_scale"], dtype=torch.float32)], q_attrs)
+    return y, s, _quantize(q_in, attrs["q_scale"], attrs["q_dtype"])
+
+
+def _quantize(y, scale: float, dtype):
+    """QuantizeLinear(y, scale) to `dtype` as kiln inserts it: per tensor, no zero point, saturating."""
+    q_attrs = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": dtype, "precision": None}
+    return _ref("QuantizeLinear", [y, torch.tensor(scale, dtype=torch.float32)], q_attrs)
 
 
 def _program(value) -> bool:

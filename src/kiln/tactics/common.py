@@ -26,6 +26,17 @@ def float_io(spec: LayerSpec) -> str | None:
     return None
 
 
+def attention_output(spec: LayerSpec) -> tuple[ValueSpec, str | None]:
+    """A FusedAttention's output as the float it computes (its own, or Q's dtype when the layer writes it quantized,
+    quant/fold_quantize.py), and why a float kernel cannot write it (only int8 quantizing is supported)."""
+    out = spec.outputs[0]
+    if spec.attrs.get("q_scale") is None:
+        return out, None
+    if out.dtype is None or out.dtype.value != "int8":
+        return out, f"a quantized attention output of {out.dtype} (int8 only)"
+    return ValueSpec(spec.inputs[0].dtype, out.shape), None
+
+
 def first(out: list | None):
     """The first output's buffer from a kernel's `out` list (None when the engine gives none)."""
     return out[0] if out else None

@@ -13,7 +13,7 @@ from kiln.ir import DType
 from kiln.kernels import pointwise, quantize
 from kiln.tactics import torch_conv, triton_common
 from kiln.tactics.int8_lowering import fp8_device_reason
-from kiln.tactics.common import first, float_io, linear, rank, rowwise, tf32
+from kiln.tactics.common import attention_output, first, float_io, linear, rank, rowwise, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.torch_attention import sdpa, sdpa_configs
@@ -175,20 +175,23 @@ def _supports_attention(spec: LayerSpec, device) -> str | None:
         return "Q, Kᵀ and V must all be 3-D or 4-D"
     if q.shape[:-2] != kt.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         return "batch/head dims of Q, Kᵀ and V differ"
-    io = [q, kt, v, spec.outputs[0]] + ([spec.inputs[3]] if len(spec.inputs) > 3 and spec.inputs[3] else [])
-    if len({x.dtype for x in io}) != 1:
-        return "Q, Kᵀ, V, mask and Y dtypes differ"
-    return float_io(LayerSpec(spec.name, spec.kind, {}, tuple(io), (spec.outputs[0],)))
+    out, why = attention_output(spec)
+    io = [q, kt, v, out] + ([spec.inputs[3]] if len(spec.inputs) > 3 and spec.inputs[3] else [])
+    if why or len({x.dtype for x in io}) != 1:
+        return why or "Q, Kᵀ, V, mask and Y dtypes differ"
+    return float_io(LayerSpec(spec.name, spec.kind, {}, tuple(io), (out,)))
 
 
 def _compile_attention(spec: LayerSpec, config, device):
     d = spec.inputs[0].shape[-1]
     scale = spec.attrs["scale"] if spec.attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    q_scale = spec.attrs.get("q_scale")
 
     def run(inputs):
         q, kt, v = inputs[:3]
         mask = inputs[3] if len(inputs) > 3 else None
-        return [sdpa(config, q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)]
+        y = sdpa(config, q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)
+        return [y if q_scale is None else quantize.quantize(y, q_scale)]
 
     return run
 

@@ -2,7 +2,8 @@
 
 Attention: the layers SDPA takes (4-D, no KV cache, softcap or window), and also causal together
 with a mask. FusedAttention (kinds/fused.py): 3-D or 4-D Q, KT, V and an additive mask; a row whose
-mask is all -inf gives zeros where the reference's softmax gives NaN. Both: head dims 16..128, query
+mask is all -inf gives zeros where the reference's softmax gives NaN; an int8 output (q_scale) is quantized
+in the kernel's store. Both: head dims 16..128, query
 heads a multiple of KV heads, masks broadcastable to (B, Hq, Sq, Skv).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from kiln.kernels import attention
 from kiln.kernels.common import smem_limit
-from kiln.tactics.common import first, rank
+from kiln.tactics.common import attention_output, first, rank
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.torch_attention import attention_reason
@@ -72,8 +73,9 @@ def _supports_fused(spec: LayerSpec, device) -> str | None:
         return "Q, KT and V must all be 3-D or all 4-D"
     q4, kt4, v4 = _four_d(q.shape), _four_d(kt.shape), _four_d(v.shape)
     mask = spec.inputs[3] if len(spec.inputs) > 3 else None
-    return (_shape_reason(q4, (*kt4[:2], kt4[3], kt4[2]), v4, mask, (*q.shape[:-1], kt.shape[-1]))
-            or io_reason(spec, [*spec.inputs[:4], spec.outputs[0]], device))
+    out, why = attention_output(spec)
+    return why or (_shape_reason(q4, (*kt4[:2], kt4[3], kt4[2]), v4, mask, (*q.shape[:-1], kt.shape[-1]))
+                   or io_reason(spec, [*spec.inputs[:4], out], device))
 
 
 def _configs(spec: LayerSpec, device, level: int):
@@ -83,7 +85,7 @@ def _configs(spec: LayerSpec, device, level: int):
 
 
 def _compile_fused(spec: LayerSpec, config, device):
-    scale, tf32 = spec.attrs.get("scale"), spec.tf32
+    scale, tf32, q_scale = spec.attrs.get("scale"), spec.tf32, spec.attrs.get("q_scale")
 
     def run(inputs, out=None):
         q, kt, v = inputs[:3]
@@ -94,7 +96,7 @@ def _compile_fused(spec: LayerSpec, config, device):
             mask = mask.unsqueeze(-3) if mask is not None and mask.dim() == 3 else mask
         # 4-D: the output in (B, S, H, D) memory, so the usual head merge (transpose, reshape) is a view
         y = attention.attention(q, kt.transpose(-1, -2), v, mask, scale=scale, config=config, tf32=tf32,
-                                heads_inner=not three_d, out=first(out))
+                                heads_inner=not three_d, q_scale=q_scale, out=first(out))
         return [y.squeeze(1) if three_d else y]
 
     return run
