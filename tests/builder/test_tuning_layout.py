@@ -33,3 +33,23 @@ def test_three_d_attention_and_nchw_layers_keep_their_inputs():
     (same,) = _in_layout([x], _spec("Conv", [x.shape]), {"layout": "nchw"})
     (nhwc,) = _in_layout([x], _spec("Conv", [x.shape]), {"layout": "nhwc"})
     assert same is x and torch.equal(nhwc, x) and nhwc.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_quantized_attention_output_is_checked_within_its_float_tolerance_in_int8_steps():
+    """An int8 attention output quantizes a float result that may differ by the float dtype's tolerance (fp16: 1 %,
+    1.3 steps at amax / 127): 2 steps more than the 1 a requantizing layer gets; 4 steps off still fails."""
+    from kiln.builder.autotune import _close, _float_lsb
+
+    def spec(kind, dtype, q_scale):
+        v = ValueSpec(dtype, (1, 2, 4, 16))
+        return LayerSpec("l", kind, {"q_scale": q_scale}, (v, v, v), (ValueSpec(DType.INT8, (1, 2, 4, 16)),))
+
+    assert _float_lsb(spec("FusedAttention", DType.FLOAT16, 0.01)) == 2
+    assert _float_lsb(spec("FusedAttention", DType.FLOAT16, None)) == 0
+    assert _float_lsb(spec("AddLayerNorm", DType.FLOAT16, 0.01)) == 0  # its float result is computed exactly so
+    want = torch.zeros(8, dtype=torch.int8)
+    for off, ok in ((3, True), (4, False)):
+        got = want.clone()
+        got[0] = off
+        assert (_close([got], [want], False, requantized=True, extra_lsb=2) is None) is ok
+    assert _close([want + 2], [want], False, requantized=True) is not None  # one step only without the extra
