@@ -169,7 +169,8 @@ def test_fused_attention_int8_output_is_its_float_output_quantized(name, dtype):
     """With q_scale (quant/fold_quantize.py) a tactic writes int8: exactly QuantizeLinear of the float output it
     writes without q_scale (rounded to Q's dtype), as the unfused graph computes it; near the reference's."""
     q, k, v = _qkv(dtype, hkv=4)
-    inputs = [q, k.transpose(-1, -2).contiguous(), v, torch.randn(2, 1, 1, 23).to(dtype)]
+    mask = torch.randn(2, 1, 1, 23, generator=torch.Generator().manual_seed(1)).to(dtype)
+    inputs = [q, k.transpose(-1, -2).contiguous(), v, mask]
     plain_spec, plain = _fused_spec({"scale": None, "scale_on": "scores"}, inputs)
     q_scale = float(plain[0].float().abs().max()) / 200  # the largest values saturate at ±127
     spec, want = _fused_spec({"scale": None, "scale_on": "scores", "q_scale": q_scale, "q_dtype": DType.INT8}, inputs)
@@ -182,7 +183,7 @@ def test_fused_attention_int8_output_is_its_float_output_quantized(name, dtype):
                               {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": DType.INT8,
                                "precision": None})[0]
     assert got.dtype == torch.int8 and torch.equal(got, quantized)
-    assert (got.int() - want[0].int()).abs().max() <= 1 and got.abs().max() == 127
+    assert (got.int() - want[0].int()).abs().max() <= 1 and got.int().abs().max() >= 127  # saturated: 127 or -128
 
 
 def test_fused_attention_supports_reasons():

@@ -8,6 +8,7 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 
+from kiln.ir import DType
 from kiln.kernels.out_buffer import take
 from kiln.tactics.spec import LayerSpec, ValueSpec
 
@@ -32,7 +33,7 @@ def attention_output(spec: LayerSpec) -> tuple[ValueSpec, str | None]:
     out = spec.outputs[0]
     if spec.attrs.get("q_scale") is None:
         return out, None
-    if out.dtype is None or out.dtype.value != "int8":
+    if out.dtype is not DType.INT8:
         return out, f"a quantized attention output of {out.dtype} (int8 only)"
     return ValueSpec(spec.inputs[0].dtype, out.shape), None
 
