@@ -108,6 +108,16 @@ def serve(
                                  "requests a second. The kernel spreads HTTP and gRPC connections over them; /metrics "
                                  "and the v2 statistics sum every worker's (the other workers' statistics lag by up to "
                                  "0.2 s); model load / unload and --shared-memory need --workers 1.")] = 1,
+    frontends: Annotated[int, typer.Option(
+        "--frontends", min=0, help="Take requests in this many front-end processes that hand them to one engine "
+                                   "process (one engine copy and one batching queue per model, so batches fill up), "
+                                   "tensors through shared memory: for more requests a second than one process "
+                                   "takes in. The kernel spreads HTTP and gRPC connections over the front ends; "
+                                   "statistics lag by up to 0.2 s; model load / unload and --shared-memory need "
+                                   "one process. 0: off.")] = 0,
+    link_path: Annotated[Optional[str], typer.Option("--link", hidden=True)] = None,
+    link_fds: Annotated[Optional[str], typer.Option("--link-fds", hidden=True)] = None,
+    frontend_index: Annotated[Optional[int], typer.Option("--frontend-index", hidden=True)] = None,
     worker_index: Annotated[Optional[int], typer.Option("--worker-index", hidden=True)] = None,
     http_fd: Annotated[Optional[int], typer.Option("--http-fd", hidden=True)] = None,
     metrics_fd: Annotated[Optional[int], typer.Option("--metrics-fd", hidden=True)] = None,
@@ -141,15 +151,23 @@ def serve(
         _serve_ray(repository, host, http_port, device, policy, max_body_bytes, replicas, autoscale, ray_address,
                    gpus_per_replica)
         return
-    if http_port < 0 and grpc_port < 0:
+    if http_port < 0 and grpc_port < 0 and link_path is None:
         raise ConfigError("--http-port -1 and --grpc-port -1 leave nothing to serve")
-    if workers > 1:
+    if frontends:
+        if workers > 1:
+            raise ConfigError("--frontends and --workers are two ways to serve from several processes; choose one")
+        if shared_memory:
+            raise ConfigError("--shared-memory needs one process (no --frontends): a client's regions would have to "
+                              "be registered with every front end")
+    if workers > 1 or frontends:
         if shared_memory:
             raise ConfigError("--shared-memory needs --workers 1: each worker would keep its own regions, and a "
                               "client's connections may reach different workers")
         argv = ["--device", device, "--policy", policy, "--max-body-bytes", str(max_body_bytes), "--loop", loop,
                 "--gil-switch-us", str(gil_switch_us), "--log-format", log_format]
         argv += ["--log-requests"] * log_requests + ["--verbose"] * verbose
+        if frontends:
+            raise typer.Exit(_serve_frontends(repository, host, http_port, grpc_port, metrics_port, frontends, argv))
         raise typer.Exit(_serve_workers(repository, host, http_port, grpc_port, metrics_port, workers, argv))
     try:
         import uvloop
@@ -159,8 +177,13 @@ def serve(
         uvloop = None
     sys.setswitchinterval(gil_switch_us / 1e6)
     worker = None if worker_index is None else Worker(worker_index, {"HTTP": http_fd, "metrics": metrics_fd})
+    link = None
+    if link_path is not None:
+        from kiln.serve.link import LinkSpec
+
+        link = LinkSpec(link_path, tuple(int(fd) for fd in (link_fds or "").split(",") if fd), frontend=frontend_index)
     main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory,
-                  worker)
+                  worker, link)
     (uvloop.run if uvloop is not None and loop != "asyncio" else asyncio.run)(main)
 
 
@@ -238,8 +261,63 @@ def _free_port(host: str) -> int:
 def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, count: int,
                    argv: list[str]) -> int:
     """Start `count` worker processes of `kiln serve` sharing one listening HTTP socket and one gRPC port
-    (SO_REUSEPORT); pass SIGINT / SIGTERM on and wait. If a worker stops, the others are stopped; returns the
-    first non-zero exit code (128 + N for a worker killed by signal N, as a shell says)."""
+    (SO_REUSEPORT); pass SIGINT / SIGTERM on and wait (`_supervise`)."""
+    shared = {flag: _listen(host, port) for flag, port in (("http", http_port), ("metrics", metrics_port)) if port >= 0}
+    ports = {flag: str(sock.getsockname()[1]) for flag, sock in shared.items()}
+    grpc = grpc_port if grpc_port != 0 else _free_port(host)
+    fds = [a for flag, sock in shared.items() for a in (f"--{flag}-fd", str(sock.fileno()))]
+    cmds = [(["--http-port", ports.get("http", "-1"), "--grpc-port", str(grpc), "--metrics-port",
+              ports.get("metrics", "-1"), "--worker-index", str(i), *fds], [s.fileno() for s in shared.values()])
+            for i in range(count)]
+    try:
+        return _supervise(root, host, cmds, argv, "workers")
+    finally:
+        for sock in shared.values():
+            sock.close()
+
+
+def _serve_frontends(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, count: int,
+                     argv: list[str]) -> int:
+    """One engine process (the models, their batchers; /metrics) and `count` front-end processes sharing the HTTP
+    socket and the gRPC port, linked by a Unix socket and one shared memory file per front end (`kiln.serve.link`)."""
+    import os
+    import shutil
+    import tempfile
+
+    from kiln.serve.link import DEFAULT_SLOT_BYTES, DEFAULT_SLOTS, memfd
+
+    http = _listen(host, http_port) if http_port >= 0 else None
+    metrics = _listen(host, metrics_port) if metrics_port >= 0 else None
+    grpc = grpc_port if grpc_port != 0 else _free_port(host)
+    folder = tempfile.mkdtemp(prefix="kiln-link-")
+    if len(folder) > 80:  # a Unix socket's path has at most 107 bytes
+        shutil.rmtree(folder)
+        folder = tempfile.mkdtemp(prefix="kiln-link-", dir="/tmp")
+    path = os.path.join(folder, "engine.sock")
+    shm = [memfd(f"kiln-link-{i}", DEFAULT_SLOTS * DEFAULT_SLOT_BYTES) for i in range(count)]
+    link = ["--link", path]
+    engine = (["--http-port", "-1", "--grpc-port", "-1", "--worker-index", "0", *link,
+               "--link-fds", ",".join(map(str, shm)), "--metrics-port", str(metrics.getsockname()[1]) if metrics else "-1",
+               *(["--metrics-fd", str(metrics.fileno())] if metrics else [])], [*shm, *([metrics.fileno()] * bool(metrics))])
+    fronts = [(["--http-port", str(http.getsockname()[1]) if http else "-1", "--grpc-port", str(grpc),
+                "--metrics-port", "-1", "--worker-index", str(i), *link, "--link-fds", str(fd), "--frontend-index",
+                str(i), *(["--http-fd", str(http.fileno())] if http else [])], [fd, *([http.fileno()] * bool(http))])
+              for i, fd in enumerate(shm)]
+    try:
+        return _supervise(root, host, [engine, *fronts], argv, "processes (an engine and front ends)")
+    finally:
+        for sock in (http, metrics):
+            if sock is not None:
+                sock.close()
+        for fd in shm:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _supervise(root: Path, host: str, children: list[tuple[list[str], list[int]]], argv: list[str], what: str) -> int:
+    """Run one `kiln serve` child per (arguments, inherited fds) with `argv` added; pass SIGINT / SIGTERM on and wait.
+    If a child stops, the others are stopped; returns the first non-zero exit code (128 + N for a child killed by
+    signal N, as a shell says)."""
     import os
     import shutil
     import signal
@@ -250,19 +328,12 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
     from kiln.serve.logs import event
     from kiln.serve.metrics import MULTIPROCESS_ENV
 
-    shared = {flag: _listen(host, port) for flag, port in (("http", http_port), ("metrics", metrics_port)) if port >= 0}
-    ports = {flag: str(sock.getsockname()[1]) for flag, sock in shared.items()}
-    grpc = grpc_port if grpc_port != 0 else _free_port(host)
-    counts = tempfile.mkdtemp(prefix="kiln-serve-metrics-")  # the workers' metric and statistics files
+    counts = tempfile.mkdtemp(prefix="kiln-serve-metrics-")  # the children's metric and statistics files
     env = os.environ | {MULTIPROCESS_ENV: counts}
-    procs = []
-    for i in range(count):
-        fds = [a for flag, sock in shared.items() for a in (f"--{flag}-fd", str(sock.fileno()))]
-        cmd = [sys.executable, "-m", "kiln", "serve", str(root), "--host", host, "--http-port", ports.get("http", "-1"),
-               "--grpc-port", str(grpc), "--metrics-port", ports.get("metrics", "-1"), "--worker-index", str(i), *fds,
-               *argv]
-        procs.append(subprocess.Popen(cmd, pass_fds=[sock.fileno() for sock in shared.values()], env=env))
-    event(f"{count} workers started (pids {', '.join(str(p.pid) for p in procs)})", event="workers", count=count)
+    procs = [subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(root), "--host", host, *args, *argv],
+                              pass_fds=fds, env=env) for args, fds in children]
+    event(f"{len(procs)} {what} started (pids {', '.join(str(p.pid) for p in procs)})", event="workers",
+          count=len(procs))
     stopping = []
 
     def forward(sig, _frame):
@@ -275,21 +346,20 @@ def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metric
     try:
         while all(p.poll() is None for p in procs):
             time.sleep(0.2)
-        if not stopping:  # one worker stopped on its own: the server is not whole, stop the others
+        if not stopping:  # one child stopped on its own: the server is not whole, stop the others
             event("a worker stopped: stopping the others", event="worker_stopped")
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
         codes = [p.wait() for p in procs]
     finally:
-        for sock in shared.values():
-            sock.close()
         shutil.rmtree(counts, ignore_errors=True)
-    return next((c if c > 0 else 128 - c for c in codes if c), 0)  # a worker killed by signal N: 128 + N
+    return next((c if c > 0 else 128 - c for c in codes if c), 0)  # a child killed by signal N: 128 + N
 
 
 async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, device: str, policy: str,
-                 max_body_bytes: int, shared_memory: bool = False, worker: Worker | None = None) -> None:
+                 max_body_bytes: int, shared_memory: bool = False, worker: Worker | None = None, link=None) -> None:
+    """The server's one process (or one worker, or with `link` the engine or a front end of --frontends)."""
     import asyncio
     import contextlib
     import logging
@@ -311,13 +381,21 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
             return contextlib.nullcontext()
 
     who = "" if worker is None else f"worker {worker.index}: "
+    if link is not None:
+        who = "engine: " if link.frontend is None else f"front end {link.frontend}: "
     metrics = Metrics()
     regions = SharedMemoryRegistry() if shared_memory else None  # one per process, for HTTP and gRPC alike
-    shared_stats = SharedStatistics.from_env(None if worker is None else worker.index)  # None: one process
-    repo = ModelRepository(root, device=device, policy=policy, metrics=metrics,
-                           control=None if worker is None else "this server runs several workers (--workers), each "
-                                                               "with its own models; serve with --workers 1 to load "
-                                                               "and unload")
+    shared_stats = SharedStatistics.from_env(None if worker is None or link else worker.index)  # None: one process
+    if link is not None and link.frontend is not None:
+        from kiln.serve.linked import LinkedRepository
+
+        repo = LinkedRepository(root, link, metrics=metrics)
+    else:
+        repo = ModelRepository(root, device=device, policy=policy, metrics=metrics,
+                               control=None if worker is None else "this server runs several workers (--workers), "
+                                                                   "each with its own models; serve with --workers 1 "
+                                                                   "to load and unload")
+    link_server = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -326,7 +404,13 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     try:
         await _maybe_await(repo.start(load_all=True))
         publishing = _publish_statistics(repo, shared_stats)
-        for m in repo.index():
+        if link is not None and link.frontend is None:
+            from kiln.serve.link_server import LinkServer
+
+            link_server = LinkServer(repo, link)
+            await link_server.start()
+            event(f"{who}front ends link on {link.path}", event="listening", protocol="link", path=link.path)
+        for m in repo.index() if link is None or link.frontend is None else []:  # the engine says it once
             state = m.get("state")
             reason = f" ({m['reason']})" if m.get("reason") and state != "READY" else ""
             event(f"{who}model {m.get('name')} version {m.get('version')}: {state}{reason}", event="model_state",
@@ -382,6 +466,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         for sock in sockets:
             sock.close()
         await _maybe_await(repo.close())
+        if link_server is not None:
+            await link_server.close()
         await _final_statistics(publishing, repo, shared_stats)
         if regions is not None:
             regions.close()

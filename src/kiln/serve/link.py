@@ -1,0 +1,118 @@
+"""The link between `kiln serve --frontends N`'s front-end processes and its one engine process.
+
+Frames over a Unix socket: an 8-byte prefix (header and payload lengths), a JSON header, raw payload bytes. A request's
+tensors travel in the front end's slot of a shared memory file (a memfd the supervisor made and handed to both
+processes) when they fit one slot, else inline in the payload; the engine writes the outputs after the inputs in the
+same slot when they fit, else inline. Tensors are described as [name, numpy dtype str, shape, byte offset]."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import mmap
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.serve.errors import ServeError
+
+PREFIX = struct.Struct("<II")  # header bytes, payload bytes
+ALIGN = 64
+DEFAULT_SLOTS = 64  # requests in flight per front end through shared memory (more go inline)
+DEFAULT_SLOT_BYTES = 4 << 20  # a ResNet-50 fp32 request is 0.6 MB, a BERT-base output 0.4 MB
+ERRORS: dict[str, type[ServeError]] = {c.__name__: c for c in ServeError.__subclasses__()}
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Where the link is (`path`, the engine's Unix socket) and each front end's shared memory file: `fds[i]` is
+    front end i's memfd in this process, `slots` × `slot_bytes` long. `frontend`: this front end's index (None: the
+    engine)."""
+
+    path: str
+    fds: tuple[int, ...]
+    slots: int = DEFAULT_SLOTS
+    slot_bytes: int = DEFAULT_SLOT_BYTES
+    frontend: int | None = None
+
+
+def memfd(name: str, size: int) -> int:
+    """A shared memory file of `size` bytes (pages are allocated as they are first written), inheritable."""
+    import os
+
+    fd = os.memfd_create(name, 0)
+    os.ftruncate(fd, size)
+    return fd
+
+
+def map_fd(fd: int, size: int) -> mmap.mmap:
+    return mmap.mmap(fd, size)
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def frame(header: dict, parts: list = ()) -> list:
+    """The buffers of one frame: prefix, header and `parts` (bytes or contiguous numpy arrays)."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    views = [memoryview(p).cast("B") if isinstance(p, np.ndarray) else p for p in parts if len(p)]
+    return [PREFIX.pack(len(head), sum(len(v) for v in views)), head, *views]
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[dict, bytes]:
+    """One frame's (header, payload); IncompleteReadError when the other side closed."""
+    hlen, plen = PREFIX.unpack(await reader.readexactly(PREFIX.size))
+    header = json.loads(await reader.readexactly(hlen))
+    return header, (await reader.readexactly(plen) if plen else b"")
+
+
+def describe(arrays: dict[str, np.ndarray], start: int) -> tuple[list, int]:
+    """Entries for `arrays` laid out from byte `start` (each aligned) and the end of the layout."""
+    entries, at = [], start
+    for name, a in arrays.items():
+        if a.dtype.kind not in "biuf":
+            raise ServeError(f"tensor {name!r} of dtype {a.dtype} cannot cross the link; only numeric tensors can")
+        entries.append([name, a.dtype.str, list(a.shape), at])
+        at = aligned(at + a.nbytes)
+    return entries, at
+
+
+def write(buf, entries: list, arrays: dict[str, np.ndarray]) -> None:
+    """Copy `arrays` into `buf` at their entries' offsets."""
+    for name, dt, shape, at in entries:
+        view(buf, dt, shape, at)[...] = arrays[name]
+
+
+def inline(entries: list, arrays: dict[str, np.ndarray], start: int) -> list:
+    """The payload parts that put `arrays` at their entries' offsets (relative to `start`), padding between."""
+    parts, at = [], start
+    for name, _, _, off in entries:
+        if off > at:
+            parts.append(bytes(off - at))
+        a = np.ascontiguousarray(arrays[name])
+        parts.append(a)
+        at = off + a.nbytes
+    return parts
+
+
+def view(buf, dtype: str, shape: list, at: int) -> np.ndarray:
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(buf, dt, count, at).reshape(shape) if count else np.empty(shape, dt)
+
+
+def read(buf, entries: list) -> dict[str, np.ndarray]:
+    """The arrays `entries` describe in `buf` (views, not copies)."""
+    return {name: view(buf, dt, shape, at) for name, dt, shape, at in entries}
+
+
+def error_header(rid: int, e: ServeError) -> dict:
+    return {"id": rid, "error": type(e).__name__, "message": str(e), "status": e.http_status}
+
+
+def raise_error(header: dict) -> None:
+    """Raise the ServeError a reply carries (its class by name, its HTTP status)."""
+    cls = ERRORS.get(header["error"], ServeError)
+    raise cls(header["message"], http_status=header.get("status"))
