@@ -296,13 +296,17 @@ def _serve_frontends(root: Path, host: str, http_port: int, grpc_port: int, metr
     path = os.path.join(folder, "engine.sock")
     shm = [memfd(f"kiln-link-{i}", DEFAULT_SLOTS * DEFAULT_SLOT_BYTES) for i in range(count)]
     link = ["--link", path]
-    engine = (["--http-port", "-1", "--grpc-port", "-1", "--worker-index", "0", *link,
-               "--link-fds", ",".join(map(str, shm)), "--metrics-port", str(metrics.getsockname()[1]) if metrics else "-1",
-               *(["--metrics-fd", str(metrics.fileno())] if metrics else [])], [*shm, *([metrics.fileno()] * bool(metrics))])
-    fronts = [(["--http-port", str(http.getsockname()[1]) if http else "-1", "--grpc-port", str(grpc),
-                "--metrics-port", "-1", "--worker-index", str(i), *link, "--link-fds", str(fd), "--frontend-index",
-                str(i), *(["--http-fd", str(http.fileno())] if http else [])], [fd, *([http.fileno()] * bool(http))])
-              for i, fd in enumerate(shm)]
+
+    def listening(flag: str, sock) -> tuple[list[str], list[int]]:  # a shared socket's port and fd, or the flag off
+        if sock is None:
+            return [f"--{flag}-port", "-1"], []
+        return [f"--{flag}-port", str(sock.getsockname()[1]), f"--{flag}-fd", str(sock.fileno())], [sock.fileno()]
+
+    (metrics_args, metrics_fds), (http_args, http_fds) = listening("metrics", metrics), listening("http", http)
+    engine = (["--http-port", "-1", "--grpc-port", "-1", "--worker-index", "0", *link, "--link-fds",
+               ",".join(map(str, shm)), *metrics_args], [*shm, *metrics_fds])
+    fronts = [([*http_args, "--grpc-port", str(grpc), "--metrics-port", "-1", "--worker-index", str(i), *link,
+                "--link-fds", str(fd), "--frontend-index", str(i)], [fd, *http_fds]) for i, fd in enumerate(shm)]
     try:
         return _supervise(root, host, [engine, *fronts], argv, "processes (an engine and front ends)")
     finally:

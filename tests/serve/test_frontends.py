@@ -1,0 +1,173 @@
+"""`kiln serve --frontends N`: front-end processes hand requests to one engine process over the link (a Unix socket,
+tensors in shared memory slots or inline); in-process for the link's paths, then the real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_http import MODEL, affine_repository, serving
+from test_workers import _assert_summed, _http_stats, _requests_counted
+
+from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotFound, ModelNotReady
+from kiln.serve.link import LinkSpec, memfd
+from kiln.serve.link_server import LinkServer
+from kiln.serve.linked import STATE_REFRESH_S, LinkedRepository
+from kiln.serve.repository import ModelRepository
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return affine_repository(tmp_path_factory.mktemp("frontends") / "models")
+
+
+async def _linked(root, sock: str, slots: int, slot_bytes: int):
+    """An engine-side repository and LinkServer, and a front end's LinkedRepository over them (one process)."""
+    engine = ModelRepository(root, device="cpu")
+    engine.start()
+    fd = memfd("test-link", slots * slot_bytes)
+    server = LinkServer(engine, LinkSpec(sock, (fd,), slots, slot_bytes))
+    await server.start()
+    front = LinkedRepository(root, LinkSpec(sock, (fd,), slots, slot_bytes, frontend=0))
+    await front.start()
+    return engine, server, front
+
+
+async def _close(engine, server, front) -> None:
+    await front.close()
+    await engine.close()
+    await server.close()
+
+
+def test_the_link_answers_through_slots_and_inline_exactly(repo, tmp_path):
+    async def main():
+        parts = await _linked(repo, str(tmp_path / "e.sock"), slots=2, slot_bytes=256)
+        engine, server, front = parts
+        try:
+            model = front.get(MODEL)
+            assert model.metadata() == engine.get(MODEL).metadata() and model.config.input[0].name == "x"
+            # 2x4 fits a slot with its output; 16x4 fits the slot, its output comes inline; 64x4 goes inline;
+            # twelve at once take both slots and send the others inline
+            sizes = [2, 16, 64, *range(1, 13)]
+            xs = [np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32) for n in sizes]
+            got = await asyncio.gather(*(model.infer({"x": x}) for x in xs))
+            for x, y in zip(xs, got):
+                np.testing.assert_array_equal(y["y"], x * 2 + 1)
+            assert sorted(front.link.free) == [0, 1]  # every slot came back
+            encoded = await model.infer({"x": xs[0]}, ["y"], encode=lambda out: sorted(out))
+            assert encoded == ["y"]
+            with pytest.raises(BadRequest, match=r"shape \[2, 5\]") as e:
+                await model.infer({"x": np.ones((2, 5), np.float32)})
+            assert e.value.http_status == 400
+            with pytest.raises(ModelNotFound):
+                front.get("nope")
+            await front._pull()  # the engine's statistics, as the refresh brings them
+            assert front.get(MODEL).statistics() == engine.get(MODEL).statistics()
+            assert front.get(MODEL).statistics()["inference_stats"]["success"]["count"] == len(sizes) + 1
+            assert front.index() == engine.index()
+        finally:
+            await _close(*parts)
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_request_is_dropped_by_the_engine_and_frees_its_slot(repo, tmp_path):
+    (repo / MODEL / "config.toml").write_text("[dynamic_batching]\npreferred_batch_size = [64]\n"
+                                              "max_queue_delay_microseconds = 3000000\n")  # a request waits 3 s
+
+    async def main():
+        parts = await _linked(repo, str(tmp_path / "e.sock"), slots=2, slot_bytes=4096)
+        engine, server, front = parts
+        try:
+            task = asyncio.create_task(front.get(MODEL).infer({"x": np.ones((1, 4), np.float32)}))
+            await asyncio.sleep(0.2)
+            assert len(front.link.free) == 1  # in the engine's queue
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            while len(front.link.free) < 2:  # the engine's ClientGone reply frees the slot
+                assert loop.time() - start < 1.5, "the engine kept the cancelled request queued"
+                await asyncio.sleep(0.01)
+            stats = engine.get(MODEL).statistics()["inference_stats"]
+            assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 0
+        finally:
+            await _close(*parts)
+
+    try:
+        asyncio.run(main())
+    finally:
+        (repo / MODEL / "config.toml").unlink()
+
+
+def test_a_front_end_whose_engine_is_gone_fails_its_requests(repo, tmp_path):
+    async def main():
+        engine, server, front = await _linked(repo, str(tmp_path / "e.sock"), slots=2, slot_bytes=4096)
+        try:
+            await server.close()  # the engine's end goes away
+            await asyncio.sleep(0.1)
+            with pytest.raises((InferenceFailed, ModelNotReady), match="engine process is gone"):
+                await front.get(MODEL).infer({"x": np.ones((1, 4), np.float32)})
+            assert sorted(front.link.free) == [0, 1]
+        finally:
+            await front.close()
+            await engine.close()
+
+    asyncio.run(main())
+
+
+def test_two_front_ends_and_an_engine_serve_http_grpc_metrics_and_statistics(repo):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics = probe.getsockname()[1]
+    with serving(repo, "--frontends", "2", "--metrics-port", str(metrics)) as (url, grpc_url, proc, log):
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        for module, where in ((httpclient, url), (grpcclient, grpc_url)):
+            for _ in range(16):  # a new connection each time: the kernel spreads them over the front ends
+                client = module.InferenceServerClient(where)
+                inp = module.InferInput("x", [2, 4], "FP32")
+                inp.set_data_from_numpy(x)
+                np.testing.assert_array_equal(client.infer(MODEL, [inp]).as_numpy("y"), x * 2 + 1)
+                client.close()
+        assert _requests_counted(metrics) == 32  # the engine process counts every front end's requests
+        import time
+
+        time.sleep(3 * STATE_REFRESH_S)
+        for _ in range(4):  # whichever front end answers: the engine's statistics
+            _assert_summed(_http_stats(url, f"/v2/models/{MODEL}/stats"), 32, 2)
+            client = grpcclient.InferenceServerClient(grpc_url)
+            _assert_summed(client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0], 32, 2)
+            client.close()
+        with pytest.raises(InferenceServerException, match="--frontends"):
+            httpclient.InferenceServerClient(url).unload_model(MODEL)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    assert "engine: stopped" in text and len(re.findall(r"front end \d: stopped", text)) == 2, text[-3000:]
+    assert len(re.findall(r"engine: model affine version 1: READY", text)) == 1  # one engine copy
+
+
+def test_an_engine_that_dies_stops_the_server(repo):
+    with serving(repo, "--frontends", "2", grpc=False) as (url, _, proc, log):
+        engine = int(re.search(r"pids (\d+)", log.read_text()).group(1))
+        subprocess.run(["kill", "-KILL", str(engine)], check=True)
+        assert proc.wait(timeout=30) == 128 + signal.SIGKILL
+    assert "stopping the others" in log.read_text()
+
+
+@pytest.mark.parametrize("extra, message", [(["--workers", "2"], "choose one"),
+                                            (["--shared-memory"], "--shared-memory needs one process")])
+def test_frontends_refuse_what_they_cannot_serve(repo, extra, message):
+    r = subprocess.run([sys.executable, "-m", "kiln", "serve", str(repo), "--frontends", "2", *extra],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
