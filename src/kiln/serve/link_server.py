@@ -47,20 +47,22 @@ class LinkServer:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.clients.add(asyncio.current_task())
         pending: dict[int, asyncio.Task] = {}
+        frames, out = link.FrameReader(reader), link.Outbox(writer)
+        shm = None
         try:
-            hello, _ = await link.read_frame(reader)
-            shm = self.maps[hello["frontend"]]
             while True:
-                header, payload = await link.read_frame(reader)
-                op, rid = header["op"], header.get("id")
-                if op == "infer":
-                    task = pending[rid] = asyncio.create_task(self._infer(header, payload, shm, writer))
-                    task.add_done_callback(lambda _t, rid=rid: pending.pop(rid, None))
-                elif op == "cancel":
-                    if rid in pending:
-                        pending[rid].cancel()
-                elif op == "state":
-                    writer.writelines(link.frame({"id": rid, "state": self.state()}))
+                for header, payload in await frames.frames():
+                    op, rid = header["op"], header.get("id")
+                    if op == "infer":
+                        task = pending[rid] = asyncio.create_task(self._infer(header, payload, shm, out))
+                        task.add_done_callback(lambda _t, rid=rid: pending.pop(rid, None))
+                    elif op == "cancel":
+                        if rid in pending:
+                            pending[rid].cancel()
+                    elif op == "state":
+                        out.put({"id": rid, "state": self.state()})
+                    elif op == "hello":
+                        shm = self.maps[header["frontend"]]
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end stopped
         except asyncio.CancelledError:
@@ -71,7 +73,7 @@ class LinkServer:
             writer.close()
             self.clients.discard(asyncio.current_task())
 
-    async def _infer(self, h: dict, payload: bytes, shm, writer: asyncio.StreamWriter) -> None:
+    async def _infer(self, h: dict, payload: bytes, shm, out: link.Outbox) -> None:
         """Run one request and write its one reply (outputs, or the error), whatever happens."""
         rid, slot = h["id"], h.get("slot")
         base = slot * self.spec.slot_bytes if slot is not None else 0
@@ -85,21 +87,16 @@ class LinkServer:
                 entries, end = link.describe(outputs, h["end"])
                 if end <= base + self.spec.slot_bytes:
                     link.write(shm, entries, outputs)
-                    return self._send(writer, {"id": rid, "outputs": entries, "shm": True})
+                    return out.put({"id": rid, "outputs": entries, "shm": True})
             entries, _ = link.describe(outputs, 0)
-            self._send(writer, {"id": rid, "outputs": entries}, link.inline(entries, outputs, 0))
+            out.put({"id": rid, "outputs": entries}, link.inline(entries, outputs, 0))
         except ServeError as e:
-            self._send(writer, link.error_header(rid, e))
+            out.put(link.error_header(rid, e))
         except asyncio.CancelledError:
-            self._send(writer, link.error_header(rid, ClientGone("the request was cancelled")))
+            out.put(link.error_header(rid, ClientGone("the request was cancelled")))
         except Exception as e:  # noqa: BLE001 - a bug of ours still answers the request
             event(f"link: request {rid} failed: {type(e).__name__}: {e}", event="link_error")
-            self._send(writer, link.error_header(rid, InferenceFailed(f"{type(e).__name__}: {e}")))
-        if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+            out.put(link.error_header(rid, InferenceFailed(f"{type(e).__name__}: {e}")))
+        if out.writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             with contextlib.suppress(ConnectionError):
-                await writer.drain()
-
-    @staticmethod
-    def _send(writer: asyncio.StreamWriter, header: dict, parts: list = ()) -> None:
-        if not writer.is_closing():
-            writer.writelines(link.frame(header, parts))
+                await out.writer.drain()

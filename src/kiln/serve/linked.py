@@ -27,7 +27,7 @@ class Link:
     """One front end's connection to the engine: request ids, the replies' waiters and the shared memory slots."""
 
     def __init__(self, spec: link.LinkSpec, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.spec, self.reader, self.writer = spec, reader, writer
+        self.spec, self.reader, self.writer, self.out = spec, reader, writer, link.Outbox(writer)
         self.shm = link.map_fd(spec.fds[0], spec.slots * spec.slot_bytes)
         self.free = list(range(spec.slots))
         self.ids = itertools.count()
@@ -60,34 +60,38 @@ class Link:
         rid = header["id"] = next(self.ids)
         fut = asyncio.get_running_loop().create_future()
         self.waiting[rid] = (fut, slot)
-        self.writer.writelines(link.frame(header, parts))
+        self.out.put(header, parts)
         try:
             return await fut
         except asyncio.CancelledError:
             if not self.gone and not self.writer.is_closing():
-                self.writer.writelines(link.frame({"op": "cancel", "id": rid}))
+                self.out.put({"op": "cancel", "id": rid})
             raise
 
     async def _read(self) -> None:
+        frames = link.FrameReader(self.reader)
         try:
             while True:
-                header, payload = await link.read_frame(self.reader)
-                fut, slot = self.waiting.pop(header["id"], (None, None))
-                try:
-                    result = header.get("state")
-                    if "outputs" in header:  # copies: the slot is reused once freed
-                        result = {k: np.array(v) for k, v in
-                                  link.read(self.shm if header.get("shm") else payload, header["outputs"]).items()}
-                finally:
-                    if slot is not None:
-                        self.free.append(slot)
-                if fut is not None and not fut.done():
-                    fut.set_result((header, result))
+                for header, payload in await frames.frames():
+                    self._answer(header, payload)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             self._fail(f"link closed: {type(e).__name__}")
         except asyncio.CancelledError:
             self._fail("the front end is closing")
             raise
+
+    def _answer(self, header: dict, payload: bytes) -> None:
+        fut, slot = self.waiting.pop(header["id"], (None, None))
+        try:
+            result = header.get("state")
+            if "outputs" in header:  # copies: the slot is reused once freed
+                result = {k: np.array(v) for k, v in
+                          link.read(self.shm if header.get("shm") else payload, header["outputs"]).items()}
+        finally:
+            if slot is not None:
+                self.free.append(slot)
+        if fut is not None and not fut.done():
+            fut.set_result((header, result))
 
     def _fail(self, why: str) -> None:
         self.gone = why
