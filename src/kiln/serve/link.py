@@ -1,6 +1,6 @@
 """The link between `kiln serve --frontends N`'s front-end processes and its one engine process.
 
-Frames over a Unix socket: an 8-byte prefix (header and payload lengths), a JSON header, raw payload bytes. A request's
+Frames over a Unix socket: a 12-byte prefix (header and payload lengths), a JSON header, raw payload bytes. A request's
 tensors travel in the front end's slot of a shared memory file (a memfd the supervisor made and handed to both
 processes) when they fit one slot, else inline in the payload; the engine writes the outputs after the inputs in the
 same slot when they fit, else inline. Tensors are described as [name, numpy dtype str, shape, byte offset]."""
@@ -18,7 +18,7 @@ import numpy as np
 
 from kiln.serve.errors import ServeError
 
-PREFIX = struct.Struct("<II")  # header bytes, payload bytes
+PREFIX = struct.Struct("<IQ")  # header bytes, payload bytes
 ALIGN = 64
 DEFAULT_SLOTS = 64  # requests in flight per front end through shared memory (more go inline)
 DEFAULT_SLOT_BYTES = 4 << 20  # a ResNet-50 fp32 request is 0.6 MB, a BERT-base output 0.4 MB
@@ -39,9 +39,13 @@ class LinkSpec:
 
 
 def memfd(name: str, size: int) -> int:
-    """A shared memory file of `size` bytes (pages are allocated as they are first written), inheritable."""
+    """A shared memory file of `size` bytes (pages are allocated as they are first written), inheritable; Linux."""
     import os
 
+    from kiln.errors import ConfigError
+
+    if not hasattr(os, "memfd_create"):
+        raise ConfigError("kiln serve --frontends needs Linux (memfd_create); serve with --workers N here")
     fd = os.memfd_create(name, 0)
     os.ftruncate(fd, size)
     return fd
