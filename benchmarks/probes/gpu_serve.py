@@ -400,6 +400,14 @@ def stats_delta(before: dict, after: dict) -> dict:
     return d
 
 
+def _stages(st: dict | None) -> str:
+    """The server-side mean ms a request of a load run, stage by stage ("" without them)."""
+    if not st or not st.get("requests"):
+        return ""
+    names = ("success", "queue", "compute_input", "compute_infer", "compute_output", "other")
+    return "; server ms a request: " + ", ".join(f"{n} {st[n + '_ms']:.3f}" for n in names if n + "_ms" in st)
+
+
 # ------------------------------------------------------------------ the probe
 
 
@@ -946,7 +954,7 @@ class Probe:
                 lines.append(f"- {n}: {v['infer_per_s']:.0f} infer/s, p50 {f(v['p50_ms'], 3)} / p99 "
                              f"{f(v['p99_ms'], 3)} ms{adds}, ÷ offline {f(v.get('ratio_to_offline_b64'))} (host "
                              f"tensors {f(v.get('ratio_to_offline_b64_host'))}), mean batch {f(v.get('mean_batch'), 1)}"
-                             + (f", failed {v['failed']}" if "failed" in v else ""))
+                             + (f", failed {v['failed']}" if "failed" in v else "") + _stages(v.get("server_stages")))
         o = p.get(f"overload c{2 * c} bert") or {}
         if "infer_per_s" in o:
             lines.append(f"- overload: {o['model']} (max_queue_size {o['max_queue_size']}) at concurrency {2 * c}: "
