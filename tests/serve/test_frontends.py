@@ -16,6 +16,7 @@ from test_http import MODEL, affine_repository, serving
 from test_workers import _assert_summed, _http_stats, _requests_counted
 
 from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotFound, ModelNotReady
+from kiln.serve import link
 from kiln.serve.link import LinkSpec, memfd
 from kiln.serve.link_server import LinkServer
 from kiln.serve.linked import STATE_REFRESH_S, LinkedRepository
@@ -25,6 +26,19 @@ from kiln.serve.repository import ModelRepository
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     return affine_repository(tmp_path_factory.mktemp("frontends") / "models")
+
+
+def test_tensors_inline_round_trip_every_shape_and_dtype():
+    arrays = {"scalar": np.array(1.5, np.float32), "empty": np.zeros((3, 0), np.float32),
+              "half": np.arange(4, dtype=np.float16).reshape(2, 2), "ids": np.array([[7, -1]], np.int64)}
+    entries, end = link.describe(arrays, 0)
+    assert all(at % link.ALIGN == 0 for *_, at in entries) and end % link.ALIGN == 0
+    buffers = link.frame({"op": "test"}, link.inline(entries, arrays, 0))
+    payload = b"".join(bytes(b) for b in buffers[2:])
+    got = link.read(payload, entries)
+    for name, a in arrays.items():
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape
+        np.testing.assert_array_equal(got[name], a)
 
 
 async def _linked(root, sock: str, slots: int, slot_bytes: int):

@@ -258,22 +258,29 @@ def _free_port(host: str) -> int:
     return port
 
 
+def _shared(flag: str, sock) -> tuple[list[str], list[int]]:
+    """A child's arguments and inherited fds for a listening socket its parent shares (`--FLAG-port -1`: none)."""
+    if sock is None:
+        return [f"--{flag}-port", "-1"], []
+    return [f"--{flag}-port", str(sock.getsockname()[1]), f"--{flag}-fd", str(sock.fileno())], [sock.fileno()]
+
+
 def _serve_workers(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, count: int,
                    argv: list[str]) -> int:
     """Start `count` worker processes of `kiln serve` sharing one listening HTTP socket and one gRPC port
     (SO_REUSEPORT); pass SIGINT / SIGTERM on and wait (`_supervise`)."""
-    shared = {flag: _listen(host, port) for flag, port in (("http", http_port), ("metrics", metrics_port)) if port >= 0}
-    ports = {flag: str(sock.getsockname()[1]) for flag, sock in shared.items()}
+    http = _listen(host, http_port) if http_port >= 0 else None
+    metrics = _listen(host, metrics_port) if metrics_port >= 0 else None
     grpc = grpc_port if grpc_port != 0 else _free_port(host)
-    fds = [a for flag, sock in shared.items() for a in (f"--{flag}-fd", str(sock.fileno()))]
-    cmds = [(["--http-port", ports.get("http", "-1"), "--grpc-port", str(grpc), "--metrics-port",
-              ports.get("metrics", "-1"), "--worker-index", str(i), *fds], [s.fileno() for s in shared.values()])
+    (http_args, http_fds), (metrics_args, metrics_fds) = _shared("http", http), _shared("metrics", metrics)
+    cmds = [([*http_args, "--grpc-port", str(grpc), *metrics_args, "--worker-index", str(i)], [*http_fds, *metrics_fds])
             for i in range(count)]
     try:
         return _supervise(root, host, cmds, argv, "workers")
     finally:
-        for sock in shared.values():
-            sock.close()
+        for sock in (http, metrics):
+            if sock is not None:
+                sock.close()
 
 
 def _serve_frontends(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, count: int,
@@ -296,13 +303,7 @@ def _serve_frontends(root: Path, host: str, http_port: int, grpc_port: int, metr
     path = os.path.join(folder, "engine.sock")
     shm = [memfd(f"kiln-link-{i}", DEFAULT_SLOTS * DEFAULT_SLOT_BYTES) for i in range(count)]
     link = ["--link", path]
-
-    def listening(flag: str, sock) -> tuple[list[str], list[int]]:  # a shared socket's port and fd, or the flag off
-        if sock is None:
-            return [f"--{flag}-port", "-1"], []
-        return [f"--{flag}-port", str(sock.getsockname()[1]), f"--{flag}-fd", str(sock.fileno())], [sock.fileno()]
-
-    (metrics_args, metrics_fds), (http_args, http_fds) = listening("metrics", metrics), listening("http", http)
+    (metrics_args, metrics_fds), (http_args, http_fds) = _shared("metrics", metrics), _shared("http", http)
     engine = (["--http-port", "-1", "--grpc-port", "-1", "--worker-index", "0", *link, "--link-fds",
                ",".join(map(str, shm)), *metrics_args], [*shm, *metrics_fds])
     fronts = [([*http_args, "--grpc-port", str(grpc), "--metrics-port", "-1", "--worker-index", str(i), *link,

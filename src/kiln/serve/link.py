@@ -134,7 +134,8 @@ def inline(entries: list, arrays: dict[str, np.ndarray], start: int) -> list:
         if off > at:
             parts.append(bytes(off - at))
         a = np.ascontiguousarray(arrays[name])
-        parts.append(a)
+        if a.nbytes:  # an empty array (shape [3, 0]) has no bytes to send, and memoryview cannot cast it
+            parts.append(a)
         at = off + a.nbytes
     return parts
 
