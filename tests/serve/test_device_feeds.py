@@ -32,3 +32,27 @@ def test_gpu_batches_take_the_replay_fast_path_and_answer_exactly(tmp_path):
         np.testing.assert_allclose(out["y"], x * 2 + 1, rtol=1e-3)
     ctx = batcher._contexts.get()
     assert ctx._seen  # the device feeds of a batch shape met before are known to the context
+
+
+@pytest.mark.gpu
+def test_gpu_merged_batches_are_assembled_in_a_pinned_block_and_split_exactly(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    engine = kiln.build(str(_affine_onnx(tmp_path / "affine.onnx")),
+                        kiln.BuildConfig(device="cuda", profiles=({"x": ((1, 4), (8, 4), (16, 4))},)))
+    batcher = DynamicBatcher(engine, max_batch_size=16, max_queue_delay_s=0.05, name="affine")
+    records = []
+    batcher.on_batch = records.append
+    rounds = [[np.full((1 + i % 3, 4), 10 * r + i, np.float32) for i in range(5)] for r in range(3)]
+
+    async def main():
+        outs = [await asyncio.gather(*(batcher.submit({"x": x}, len(x)) for x in xs)) for xs in rounds]
+        await batcher.close()
+        return outs
+
+    for xs, outs in zip(rounds, asyncio.run(main())):  # each round reuses the block the round before wrote
+        for x, out in zip(xs, outs):
+            np.testing.assert_allclose(out["y"], x * 2 + 1, rtol=1e-3)
+    assert max(r.requests for r in records) > 1
+    (staging,) = batcher._staging.values()
+    assert torch.from_numpy(staging.block).is_pinned()

@@ -154,7 +154,8 @@ def upload(value: Any, device: str | torch.device) -> Any:
     """A host tensor onto a CUDA `device` through a pinned staging buffer, asynchronously on the current stream.
 
     Pinned blocks come from torch's caching host allocator, which holds each one until the copies issued
-    from it have finished; device tensors, strings and None are returned as they are.
+    from it have finished; a pinned tensor is copied from directly (its owner keeps it unchanged until the copy is
+    done); device tensors, strings and None are returned as they are.
     """
     device = torch.device(device)
     if isinstance(value, list):
@@ -166,6 +167,8 @@ def upload(value: Any, device: str | torch.device) -> Any:
     carrier = shell_carrier(value.dtype)
     if carrier is not None:  # torch copies its sub-byte shell dtypes only as their carrier bytes
         return upload(value.view(carrier), device).view(value.dtype)
+    if value.is_pinned():  # already page-locked (a serving batch's staging block): no second copy
+        return value.to(device, non_blocking=True)
     staging = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
     staging.copy_(value)
     return staging.to(device, non_blocking=True)

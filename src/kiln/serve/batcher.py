@@ -17,6 +17,7 @@ from kiln.errors import KilnError
 from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS as DEFAULT_GRAPHS
 from kiln.runtime.io import as_torch, upload
 from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotReady, QueueFull, RequestTimeout, ServeError
+from kiln.serve.staging import Staging, stageable
 
 
 MAX_GRAPHS = 256  # CUDA graphs an execution context keeps at most: one per batch bucket and padded length
@@ -172,8 +173,12 @@ class DynamicBatcher:
         self._contexts: queue.SimpleQueue = queue.SimpleQueue()
         longest = max((n for _, n in self.padding_limits), default=1)
         graphs = min(MAX_GRAPHS, max(DEFAULT_GRAPHS, len(self.batch_buckets) * -(-longest // self.length_multiple)))
+        self._staging: dict[int, Staging] = {}  # id(context) → its pinned input block (CUDA engines)
         for _ in range(self.instance_count):
-            self._contexts.put(self.engine.create_context(max_cuda_graphs=graphs))
+            ctx = self.engine.create_context(max_cuda_graphs=graphs)
+            self._contexts.put(ctx)
+            if self._on_cuda:
+                self._staging[id(ctx)] = Staging(pinned=True)
         self._threads = _Threads(self.instance_count, f"kiln-serve-{self.name}")
         self._state: _LoopState | None = None
         self._closed = False
@@ -372,24 +377,56 @@ class DynamicBatcher:
             for ctx in contexts:
                 self._contexts.put(ctx)
 
-    def _assemble(self, live: list[Request], padded: int | None, bucket: int) -> dict[str, np.ndarray]:
-        """The batch's feeds: each request's inputs padded to `padded` and stacked, then the last row repeated up to
-        `bucket` rows."""
+    def _assemble(self, live: list[Request], padded: int | None, bucket: int,
+                  staging: Staging | None) -> dict[str, np.ndarray]:
+        """The batch's feeds: each request's inputs copied into its rows (right-padded to `padded`), then the last row
+        repeated up to `bucket` rows; in `staging`'s block where given (numeric inputs), else in new arrays."""
+        first = live[0].inputs
         rows = sum(r.rows for r in live)
-        feeds = {k: (np.concatenate([self._pad(k, r.inputs[k], padded) for r in live]) if len(live) > 1
-                     else _writable(self._pad(k, live[0].inputs[k], padded))) for k in live[0].inputs}
-        if bucket > rows:
-            feeds = {k: np.concatenate([v, np.repeat(v[-1:], bucket - rows, axis=0)]) for k, v in feeds.items()}
+        if not all(stageable(v.dtype) for v in first.values()):
+            staging = None
+        if staging is None and len(live) == 1 and (not self.max_batch_size or bucket == rows and padded is None):
+            return {k: _writable(v) for k, v in first.items()}  # nothing to merge or pad: the request's own arrays
+        specs = {k: (self._batch_shape(k, v, padded, bucket), v.dtype) for k, v in first.items()}
+        feeds = staging.arrays(specs) if staging else {k: np.empty(s, d) for k, (s, d) in specs.items()}
+        for k, dest in feeds.items():
+            if not self.max_batch_size:
+                dest[...] = first[k]
+                continue
+            at = 0
+            for r in live:
+                self._copy_rows(k, r.inputs[k], dest[at:at + r.rows])
+                at += r.rows
+            if bucket > rows:
+                dest[rows:] = dest[rows - 1]
         return feeds
 
+    def _batch_shape(self, name: str, array: np.ndarray, padded: int | None, bucket: int) -> tuple[int, ...]:
+        """Input `name`'s shape in a batch of `bucket` rows padded to `padded` (the request's own without batching)."""
+        if not self.max_batch_size:
+            return array.shape
+        shape = [bucket, *array.shape[1:]]
+        if padded is not None and name in self.padding.inputs:
+            shape[self.padding.axis] = padded
+        return tuple(shape)
+
+    def _copy_rows(self, name: str, src: np.ndarray, dest: np.ndarray) -> None:
+        """Copy one request's `src` into its rows `dest`, the positions past its length along the padding axis set to
+        input `name`'s pad value."""
+        if src.shape != dest.shape:
+            axis = self.padding.axis
+            dest[...] = self.padding.inputs[name]
+            dest = dest[(slice(None),) * axis + (slice(0, src.shape[axis]),)]
+        dest[...] = src
+
     def _execute(self, live: list[Request], padded: int | None, bucket: int) -> tuple[list[dict], int, int, int]:
-        """On a worker thread (off the event loop, which keeps taking requests in): assemble the batch, run the engine
-        on a free execution context and split the outputs; (each request's answer, ns assembling, ns running, ns
-        splitting)."""
+        """On a worker thread (off the event loop, which keeps taking requests in): take a free execution context,
+        assemble the batch in its staging block, run the engine and split the outputs; (each request's answer, ns
+        assembling, ns running, ns splitting)."""
         start = time.perf_counter_ns()
-        feeds = self._assemble(live, padded, bucket)
         ctx = self._contexts.get()
         try:
+            feeds = self._assemble(live, padded, bucket, self._staging.get(id(ctx)))
             ran = time.perf_counter_ns()
             outputs = _run_on_device(ctx, feeds) if self._on_cuda else ctx.run(feeds)
         finally:
@@ -413,17 +450,6 @@ class DynamicBatcher:
     def _bucket(self, rows: int, length: int | None) -> int:
         """The smallest batch bucket that holds `rows` and fits a profile at `length`; `rows` if none does."""
         return next((b for b in self.batch_buckets if b >= rows and self._fits(b, length)), rows)
-
-    def _pad(self, name: str, array: np.ndarray, length: int | None) -> np.ndarray:
-        """`array` (input `name`) right-padded along the padding axis to `length` with the input's pad value."""
-        pad = self.padding
-        if length is None or name not in pad.inputs or array.shape[pad.axis] == length:
-            return array
-        shape = list(array.shape)
-        shape[pad.axis] = length
-        out = np.full(shape, pad.inputs[name], dtype=array.dtype)
-        out[(slice(None),) * pad.axis + (slice(0, array.shape[pad.axis]),)] = array
-        return out
 
     def _split(self, live: list[Request], outputs: dict, rows: int, padded: int | None = None) -> list[dict]:
         """Each request's rows of every output (`rows`: the batch's, pad rows included, which no one gets); after
