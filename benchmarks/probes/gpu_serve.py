@@ -37,6 +37,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import resource
 import shutil
 import shlex
 import signal
@@ -678,11 +679,15 @@ class Probe:
         url = (self.server.url if protocol == "grpc" else self.server.http_url).removeprefix("http://")
         command = [str(a.perf_analyzer), "-m", model, "-u", url, "-i", protocol, "-b", "1",
                    "--concurrency-range", str(concurrency), "--input-data", "zero", "--measurement-interval",
-                   str(int(a.duration * 1000 / 2)), "--max-trials", "4", "--stability-percentage", "25", "-f", str(csv)]
+                   str(int(a.duration * 1000 / 2)), "--max-trials", "4", "--stability-percentage", "25", "-f", str(csv),
+                   *a.perf_analyzer_args.split()]
         before = statistics(self.server.url, model)
         run = subprocess.run(command, capture_output=True, text=True, timeout=a.duration * 6 + 60)
-        if run.returncode != 0:
-            raise RuntimeError(f"perf_analyzer exit {run.returncode}: {(run.stdout + run.stderr)[-1500:]}")
+        if run.returncode != 0:  # exit -9 at concurrency 64 in stops 42-43: keep what may say why
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            kernel = subprocess.run(["dmesg"], capture_output=True, text=True).stdout[-800:]
+            raise RuntimeError(f"perf_analyzer exit {run.returncode} (children's peak RSS {peak / 1024:.0f} MB; "
+                               f"dmesg tail: {kernel!r}): {(run.stdout + run.stderr)[-1500:]}")
         lines = csv.read_text().splitlines()
         row = dict(zip(lines[0].split(","), lines[1].split(",")))
         us = {k: float(v) for k, v in row.items() if k.endswith("latency") and v}
@@ -1059,6 +1064,7 @@ def main() -> None:
                     help="comma-separated protocols of the concurrency runs: grpc, http (binary tensors)")
     ap.add_argument("--perf-analyzer", type=Path, default=None,
                     help="NVIDIA perf_analyzer binary (tritonclient's wheel): also load the server with it")
+    ap.add_argument("--perf-analyzer-args", default="", help="more perf_analyzer options, e.g. '--async'")
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free one")
     ap.add_argument("--http-port", type=int, default=0, help="0: a free one")
     args = ap.parse_args()

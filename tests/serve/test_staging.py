@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.serve.staging import ALIGN, Staging, stageable
+from kiln.serve.staging import ALIGN, Staging, gather, stageable
 
 
 def test_arrays_are_aligned_disjoint_views_of_one_block_that_grows_only_when_needed():
@@ -29,3 +29,13 @@ def test_arrays_are_aligned_disjoint_views_of_one_block_that_grows_only_when_nee
 def test_only_numeric_and_bool_inputs_are_staged():
     assert stageable(np.dtype(np.float16)) and stageable(np.dtype(np.int8)) and stageable(np.dtype(bool))
     assert not stageable(np.dtype(object)) and not stageable(np.dtype("U4"))
+
+
+def test_gather_copies_read_only_parts_of_any_numeric_dtype_into_leading_rows():
+    for dtype in (np.float32, np.float16, np.int64, np.int8, np.uint8, np.bool_):
+        parts = [np.frombuffer(np.arange(n * 3).astype(dtype).tobytes(), dtype).reshape(n, 3) for n in (1, 2, 4)]
+        assert not parts[0].flags.writeable
+        dest = np.full((8, 3), 5, dtype)
+        gather(parts, dest)
+        np.testing.assert_array_equal(dest[:7], np.concatenate(parts))
+        assert (dest[7] == np.array(5, dtype)).all()  # rows past the parts are left alone

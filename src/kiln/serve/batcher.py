@@ -17,7 +17,7 @@ from kiln.errors import KilnError
 from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS as DEFAULT_GRAPHS
 from kiln.runtime.io import as_torch, upload
 from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotReady, QueueFull, RequestTimeout, ServeError
-from kiln.serve.staging import Staging, stageable
+from kiln.serve.staging import Staging, gather, stageable
 
 
 MAX_GRAPHS = 256  # CUDA graphs an execution context keeps at most: one per batch bucket and padded length
@@ -393,10 +393,13 @@ class DynamicBatcher:
             if not self.max_batch_size:
                 dest[...] = first[k]
                 continue
-            at = 0
-            for r in live:
-                self._copy_rows(k, r.inputs[k], dest[at:at + r.rows])
-                at += r.rows
+            if padded is None:
+                gather([r.inputs[k] for r in live], dest)
+            else:
+                at = 0
+                for r in live:
+                    self._copy_rows(k, r.inputs[k], dest[at:at + r.rows])
+                    at += r.rows
             if bucket > rows:
                 dest[rows:] = dest[rows - 1]
         return feeds

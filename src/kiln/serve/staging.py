@@ -4,6 +4,7 @@ batch, so that each request is copied once (into its rows) and the block goes to
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -36,3 +37,16 @@ class Staging:
 def stageable(dtype: np.dtype) -> bool:
     """Whether an input of `dtype` can be assembled in a staging block: numeric and bool, not strings or objects."""
     return dtype.kind in "biuf"
+
+
+def gather(parts: list[np.ndarray], dest: np.ndarray) -> None:
+    """Copy `parts` one after another into `dest`'s leading rows in one call that releases Python's lock once: a
+    copy per part would wait for the lock after each (the event loop holds it meanwhile)."""
+    if dest.dtype.kind not in "biuf" or not dest.flags.writeable:
+        np.concatenate(parts, out=dest[:sum(len(p) for p in parts)])
+        return
+    with warnings.catch_warnings():  # requests' arrays are read-only views of their bytes; torch only reads them
+        warnings.simplefilter("ignore", UserWarning)
+        tensors = [torch.from_numpy(p) for p in parts]
+    out = torch.from_numpy(dest)
+    torch.cat(tensors, out=out[:sum(len(p) for p in parts)])
