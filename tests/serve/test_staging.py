@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from kiln.serve.staging import ALIGN, Staging, gather, stageable
+from kiln.serve.staging import ALIGN, SMALL_BATCH_BYTES, Staging, gather, stageable
 
 
 def test_arrays_are_aligned_disjoint_views_of_one_block_that_grows_only_when_needed():
@@ -32,10 +34,12 @@ def test_only_numeric_and_bool_inputs_are_staged():
 
 
 def test_gather_copies_read_only_parts_of_any_numeric_dtype_into_leading_rows():
-    for dtype in (np.float32, np.float16, np.int64, np.int8, np.uint8, np.bool_):
-        parts = [np.frombuffer(np.arange(n * 3).astype(dtype).tobytes(), dtype).reshape(n, 3) for n in (1, 2, 4)]
+    for dtype, width in itertools.product((np.float32, np.float16, np.int64, np.int8, np.uint8, np.bool_),
+                                          (3, SMALL_BATCH_BYTES)):  # numpy's way and torch's
+        parts = [np.frombuffer((np.arange(n * width) % 100).astype(dtype).tobytes(), dtype).reshape(n, width)
+                 for n in (1, 2, 4)]
         assert not parts[0].flags.writeable
-        dest = np.full((8, 3), 5, dtype)
+        dest = np.full((8, width), 5, dtype)
         gather(parts, dest)
         np.testing.assert_array_equal(dest[:7], np.concatenate(parts))
         assert (dest[7] == np.array(5, dtype)).all()  # rows past the parts are left alone

@@ -97,6 +97,10 @@ def serve(
                                        "how long the busy event loop may keep Python's lock while an engine thread "
                                        "waits for it. Python's default, 5000, leaves engine calls waiting for the "
                                        "front end under load.")] = 100,
+    host_threads: Annotated[int, typer.Option(
+        "--host-threads", min=0, help="torch's CPU threads in each server process; 0: one when the models run on a "
+                                      "GPU (the host only copies batches, and a thread team stalls on a loaded "
+                                      "machine), torch's default on the CPU.")] = 0,
     log_format: Annotated[str, typer.Option(
         "--log-format", help="Server logs on stderr: text ('kiln serve: ...') or json (one object per line: time, "
                              "level, logger, message, event fields).")] = "text",
@@ -164,7 +168,7 @@ def serve(
             raise ConfigError("--shared-memory needs --workers 1: each worker would keep its own regions, and a "
                               "client's connections may reach different workers")
         argv = ["--device", device, "--policy", policy, "--max-body-bytes", str(max_body_bytes), "--loop", loop,
-                "--gil-switch-us", str(gil_switch_us), "--log-format", log_format]
+                "--gil-switch-us", str(gil_switch_us), "--host-threads", str(host_threads), "--log-format", log_format]
         argv += ["--log-requests"] * log_requests + ["--verbose"] * verbose
         if frontends:
             raise typer.Exit(_serve_frontends(repository, host, http_port, grpc_port, metrics_port, frontends, argv))
@@ -176,6 +180,7 @@ def serve(
             raise ConfigError("--loop uvloop needs uvloop: pip install uvloop (or --loop asyncio)") from None
         uvloop = None
     sys.setswitchinterval(gil_switch_us / 1e6)
+    _set_host_threads(host_threads, device)
     worker = None if worker_index is None else Worker(worker_index, {"HTTP": http_fd, "metrics": metrics_fd})
     link = None
     if link_path is not None:
@@ -185,6 +190,17 @@ def serve(
     main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory,
                   worker, link)
     (uvloop.run if uvloop is not None and loop != "asyncio" else asyncio.run)(main)
+
+
+def _set_host_threads(count: int, device: str) -> None:
+    """torch's intra-op threads: `count`, or with 0 one when the engines run on a GPU (batch copies only: a team of
+    one thread per core waits for its slowest member when clients and front ends share the cores)."""
+    import torch
+
+    if count == 0 and device != "cpu" and torch.cuda.is_available():
+        count = 1
+    if count:
+        torch.set_num_threads(count)
 
 
 def _listen(host: str, port: int):

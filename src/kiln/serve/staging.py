@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 ALIGN = 64  # each array starts on a 64-byte boundary of the block
+SMALL_BATCH_BYTES = 256 << 10  # below this a batch is gathered by numpy, holding Python's lock
 
 
 class Staging:
@@ -42,11 +43,11 @@ def stageable(dtype: np.dtype) -> bool:
 def gather(parts: list[np.ndarray], dest: np.ndarray) -> None:
     """Copy `parts` one after another into `dest`'s leading rows in one call that releases Python's lock once: a
     copy per part would wait for the lock after each (the event loop holds it meanwhile)."""
-    if dest.dtype.kind not in "biuf" or not dest.flags.writeable:
-        np.concatenate(parts, out=dest[:sum(len(p) for p in parts)])
+    rows = sum(len(p) for p in parts)
+    if dest.dtype.kind not in "biuf" or rows * dest[:1].nbytes < SMALL_BATCH_BYTES:
+        np.concatenate(parts, out=dest[:rows])  # small copies keep the lock: no wait to take it back
         return
     with warnings.catch_warnings():  # requests' arrays are read-only views of their bytes; torch only reads them
         warnings.simplefilter("ignore", UserWarning)
         tensors = [torch.from_numpy(p) for p in parts]
-    out = torch.from_numpy(dest)
-    torch.cat(tensors, out=out[:sum(len(p) for p in parts)])
+    torch.cat(tensors, out=torch.from_numpy(dest)[:rows])
