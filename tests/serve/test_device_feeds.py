@@ -13,12 +13,17 @@ import kiln
 from kiln.serve.batcher import DynamicBatcher
 
 
-@pytest.mark.gpu
-def test_gpu_batches_take_the_replay_fast_path_and_answer_exactly(tmp_path):
+def _affine_engine(tmp_path, max_rows: int):
+    """The affine model (y = 2x + 1) built on the GPU for batches of 1..max_rows rows."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    engine = kiln.build(str(_affine_onnx(tmp_path / "affine.onnx")),
-                        kiln.BuildConfig(device="cuda", profiles=({"x": ((1, 4), (4, 4), (8, 4))},)))
+    profile = {"x": ((1, 4), (max_rows // 2, 4), (max_rows, 4))}
+    return kiln.build(str(_affine_onnx(tmp_path / "affine.onnx")), kiln.BuildConfig(device="cuda", profiles=(profile,)))
+
+
+@pytest.mark.gpu
+def test_gpu_batches_take_the_replay_fast_path_and_answer_exactly(tmp_path):
+    engine = _affine_engine(tmp_path, 8)
     batcher = DynamicBatcher(engine, max_batch_size=8, max_queue_delay_s=0.0, name="affine")
     xs = [np.full((1, 4), i, np.float32) for i in range(6)]
 
@@ -36,10 +41,7 @@ def test_gpu_batches_take_the_replay_fast_path_and_answer_exactly(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_merged_batches_are_assembled_in_a_pinned_block_and_split_exactly(tmp_path):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    engine = kiln.build(str(_affine_onnx(tmp_path / "affine.onnx")),
-                        kiln.BuildConfig(device="cuda", profiles=({"x": ((1, 4), (8, 4), (16, 4))},)))
+    engine = _affine_engine(tmp_path, 16)
     batcher = DynamicBatcher(engine, max_batch_size=16, max_queue_delay_s=0.05, name="affine")
     records = []
     batcher.on_batch = records.append
