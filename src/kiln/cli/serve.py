@@ -335,6 +335,9 @@ def _serve_frontends(root: Path, host: str, http_port: int, grpc_port: int, metr
         shutil.rmtree(folder, ignore_errors=True)
 
 
+STRAGGLER_GRACE_S = 10.0  # how long the rest of a broken server may take to stop before it is killed
+
+
 def _supervise(root: Path, host: str, children: list[tuple[list[str], list[int]]], argv: list[str], what: str) -> int:
     """Run one `kiln serve` child per (arguments, inherited fds) with `argv` added; pass SIGINT / SIGTERM on and wait.
     If a child stops, the others are stopped; returns the first non-zero exit code (128 + N for a child killed by
@@ -372,6 +375,13 @@ def _supervise(root: Path, host: str, children: list[tuple[list[str], list[int]]
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
+            deadline = time.monotonic() + STRAGGLER_GRACE_S
+            for p in procs:  # a front end whose engine is gone may hang in its drain: it gets a bounded grace
+                try:
+                    p.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    event(f"pid {p.pid} did not stop in {STRAGGLER_GRACE_S:.0f} s: killed", event="worker_killed")
+                    p.kill()
         codes = [p.wait() for p in procs]
     finally:
         shutil.rmtree(counts, ignore_errors=True)
