@@ -443,7 +443,7 @@ class Probe:
 
     def part(self, name: str, fn, need_s: float = 0.0):
         """Run one part: its result (or error, or why it was skipped) recorded under `name`."""
-        if any(word in name for word in self.args.skip):
+        if any(name.startswith(w[1:]) if w.startswith("^") else w in name for w in self.args.skip):
             self.results["parts"][name] = {"skipped": "--skip"}
             self.results["skipped"].append(name)
             return None
@@ -671,16 +671,17 @@ class Probe:
                                                      ("ratio_to_offline_b64_host", "b64_host_items_per_s"))
                 if off.get(k)}
 
-    def perf_analyzer(self, key: str, model: str, protocol: str, concurrency: int) -> dict:
-        """NVIDIA's perf_analyzer (C++, --perf-analyzer) at `concurrency` over `protocol`: batch-1 requests of zeros,
-        its infer/s and latency percentiles (its CSV, µs → ms), and the server's statistics over the run."""
+    def perf_analyzer(self, key: str, model: str, protocol: str, concurrency: int, shm: str = "none") -> dict:
+        """NVIDIA's perf_analyzer (C++, --perf-analyzer) at `concurrency` over `protocol`, tensors through `shm` shared
+        memory (none, system, cuda): batch-1 requests of zeros, its infer/s and latency percentiles (its CSV, µs →
+        ms), and the server's statistics over the run."""
         a = self.args
-        csv = a.out / f"pa-{model}-{protocol}-c{concurrency}.csv"
+        csv = a.out / f"pa-{model}-{protocol}-c{concurrency}-{shm}.csv"
         url = (self.server.url if protocol == "grpc" else self.server.http_url).removeprefix("http://")
         command = [str(a.perf_analyzer), "-m", model, "-u", url, "-i", protocol, "-b", "1",
                    "--concurrency-range", str(concurrency), "--input-data", "zero", "--measurement-interval",
                    str(int(a.duration * 1000 / 2)), "--max-trials", "4", "--stability-percentage", "25", "-f", str(csv),
-                   *a.perf_analyzer_args.split()]
+                   "--shared-memory", shm, *a.perf_analyzer_args.split()]
         before = statistics(self.server.url, model)
         run = subprocess.run(command, capture_output=True, text=True, timeout=a.duration * 6 + 60)
         if run.returncode != 0:  # exit -9 at concurrency 64 in stops 42-43: keep what may say why
@@ -691,7 +692,7 @@ class Probe:
         lines = csv.read_text().splitlines()
         row = dict(zip(lines[0].split(","), lines[1].split(",")))
         us = {k: float(v) for k, v in row.items() if k.endswith("latency") and v}
-        out = {"command": " ".join(command), "protocol": protocol, "concurrency": concurrency,
+        out = {"command": " ".join(command), "protocol": protocol, "concurrency": concurrency, "shared_memory": shm,
                "infer_per_s": float(row["Inferences/Second"]),
                "p50_ms": us.get("p50 latency", 0) / 1e3, "p99_ms": us.get("p99 latency", 0) / 1e3,
                "stdout_tail": run.stdout[-1200:]}
@@ -700,6 +701,7 @@ class Probe:
         off = self.engines[key].get("offline") or {}
         if concurrency == 1 and off.get("b1_host_ms"):
             out["server_adds_ms"] = out["p50_ms"] - off["b1_host_ms"]
+            out["server_adds_vs_device_ms"] = out["p50_ms"] - off["b1_device_ms"]  # the engine on device-resident data
         return out | self.ratios(key, out["infer_per_s"])
 
     def overload(self) -> dict:
@@ -866,10 +868,14 @@ class Probe:
                 if a.perf_analyzer:
                     for key in ("resnet50", "bert"):
                         for proto in a.protocols:
-                            if key in self.engines:
+                            for shm in a.perf_analyzer_shm:
+                                if key not in self.engines:
+                                    continue
+                                via = "" if shm == "none" else f" {shm}-shm"
                                 for c, model in ((1, f"{key}_nodelay"), (a.concurrency, key)):
-                                    self.part(f"perf_analyzer c{c} {key} {proto}",
-                                              lambda k=key, m=model, p=proto, c=c: self.perf_analyzer(k, m, p, c),
+                                    self.part(f"perf_analyzer c{c} {key} {proto}{via}",
+                                              lambda k=key, m=model, p=proto, c=c, s=shm: self.perf_analyzer(k, m, p,
+                                                                                                          c, s),
                                               need_s=a.duration * 2 + 10)
                 if "bert" in self.engines:
                     self.part(f"overload c{2 * a.concurrency} bert", self.overload, need_s=a.overload_duration + 10)
@@ -1053,7 +1059,8 @@ def main() -> None:
     ap.add_argument("--models", type=lambda v: v.split(","), default=["resnet50", "bert", "minilm"],
                     help="comma-separated models to build and serve")
     ap.add_argument("--skip", type=lambda v: v.split(","), default=[],
-                    help="comma-separated words: parts whose name holds one are skipped (e.g. overload,memory)")
+                    help="comma-separated words: parts whose name holds one are skipped (e.g. overload,memory); "
+                         "a word starting with ^ skips the parts whose name starts with the rest (^c1 )")
     ap.add_argument("--shared-memory", action="store_true",
                     help="also run each concurrency load with inputs and outputs in system shared memory")
     ap.add_argument("--server-prefix", default="",
@@ -1065,6 +1072,9 @@ def main() -> None:
     ap.add_argument("--perf-analyzer", type=Path, default=None,
                     help="NVIDIA perf_analyzer binary (tritonclient's wheel): also load the server with it")
     ap.add_argument("--perf-analyzer-args", default="", help="more perf_analyzer options, e.g. '--async'")
+    ap.add_argument("--perf-analyzer-shm", type=lambda v: v.split(","), default=["none"],
+                    help="perf_analyzer runs once per listed --shared-memory kind (none, system, cuda); any but none "
+                         "needs --shared-memory (the server's flag)")
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free one")
     ap.add_argument("--http-port", type=int, default=0, help="0: a free one")
     args = ap.parse_args()

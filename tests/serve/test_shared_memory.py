@@ -3,6 +3,7 @@ driven by tritonclient (and its shared memory utilities) over HTTP and gRPC."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -220,7 +221,7 @@ def test_infer_through_shared_memory(client, objects):
     assert [r["name"] for r in _status(client)] == ["out"]
     with pytest.raises(InferenceServerException) as e:
         _infer(client, region_in="in", offset_in=64)
-    assert "no system shared memory region 'in'" in e.value.message()
+    assert "no shared memory region 'in'" in e.value.message()
 
 
 def test_bad_requests_name_the_problem(client, objects, server):
@@ -312,3 +313,17 @@ def test_loadgen_shared_memory_needs_this_machine():
     assert result.exit_code != 0 and "needs a server on this machine" in result.stderr
     result = CliRunner().invoke(app, ["loadgen", "127.0.0.1:1", MODEL, "-n", "1", "--shared-memory", "cuda"])
     assert result.exit_code != 0 and "none, system" in result.stderr
+
+
+def test_cuda_shared_memory_needs_a_gpu_server(client):
+    """This CPU server serves system shared memory only: a CUDA region is refused, naming why."""
+    grpc = client.kiln_module is grpcclient
+    raw = base64.b64encode(bytes(64))
+    with pytest.raises(InferenceServerException) as e:
+        client.register_cuda_shared_memory("c", raw if grpc else raw.decode(), 0, 64)
+    assert "needs a server on a GPU" in e.value.message()
+    assert ("UNIMPLEMENTED" if grpc else "400") in str(e.value.status())
+    meta = client.get_server_metadata(as_json=True) if grpc else client.get_server_metadata()
+    assert "system_shared_memory" in meta["extensions"] and "cuda_shared_memory" not in meta["extensions"]
+    status = client.get_cuda_shared_memory_status(as_json=True) if grpc else client.get_cuda_shared_memory_status()
+    assert status in ([], {})

@@ -66,10 +66,12 @@ def serve(
                                                 help="Largest HTTP request body (and gRPC message) accepted.")]
     = 64 << 20,
     shared_memory: Annotated[bool, typer.Option(
-        "--shared-memory", help="Serve Triton's system shared memory extension (HTTP and gRPC): clients register "
-                                "POSIX shared memory objects (/dev/shm) and pass tensors through them instead of the "
-                                "socket. Off by default, as Triton's --allow-client-shm: a client may then map and "
-                                "read or write any shared memory object this server's user can open.")] = False,
+        "--shared-memory", help="Serve Triton's system and CUDA shared memory extensions (HTTP and gRPC): clients "
+                                "register POSIX shared memory objects (/dev/shm) or, on a GPU server, device "
+                                "allocations by CUDA IPC handle (needs cuda-python), and pass tensors through them "
+                                "instead of the socket; inputs in CUDA regions are batched on the GPU, never copied "
+                                "to the host. Off by default, as Triton's --allow-client-shm: a client may then map "
+                                "and read or write any shared memory object this server's user can open.")] = False,
     ray: Annotated[bool, typer.Option(
         "--ray", help="Scale out with Ray Serve: replicas that each load every model serve the v2 HTTP routes on "
                       "--http-port through Ray's proxy (HTTP only: no gRPC nor --metrics-port; each reply names its "
@@ -190,6 +192,17 @@ def serve(
     main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory,
                   worker, link)
     (uvloop.run if uvloop is not None and loop != "asyncio" else asyncio.run)(main)
+
+
+def _cuda_opener(device: str):
+    """What opens clients' CUDA shared memory regions: on a GPU server cuda_ipc.open_handle, else None (off)."""
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return None
+    from kiln.serve.cuda_ipc import open_handle
+
+    return open_handle
 
 
 def _set_host_threads(count: int, device: str) -> None:
@@ -415,7 +428,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     if link is not None:
         who = "engine: " if link.frontend is None else f"front end {link.frontend}: "
     metrics = Metrics()
-    regions = SharedMemoryRegistry() if shared_memory else None  # one per process, for HTTP and gRPC alike
+    regions = SharedMemoryRegistry(cuda=_cuda_opener(device)) if shared_memory else None  # for HTTP and gRPC alike
     shared_stats = SharedStatistics.from_env(None if worker is None or link else worker.index)  # None: one process
     if link is not None and link.frontend is not None:
         from kiln.serve.linked import LinkedRepository
@@ -477,7 +490,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
                 event(f"{who}gRPC on {_url(host, grpc_server.kiln_port)}", event="listening", protocol="gRPC",
                       host=host, port=grpc_server.kiln_port)
         if regions is not None:
-            event("system shared memory: on", event="shared_memory")
+            kinds = " and ".join(k.removesuffix("_shared_memory") for k in regions.extensions)
+            event(f"shared memory ({kinds}): on", event="shared_memory", kinds=regions.extensions)
         tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets)]
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from kiln.errors import KilnError
 from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS as DEFAULT_GRAPHS
@@ -52,7 +53,7 @@ class Request:
     """One queued request: its inputs, row count (batch dim), merge key, the future that answers it and, with
     padding, its length along the padded axis."""
 
-    inputs: dict[str, np.ndarray] = field(repr=False)  # a repr would print every array (MBs for an image)
+    inputs: dict[str, np.ndarray | torch.Tensor] = field(repr=False)  # a repr would print every array (MBs)
     rows: int
     key: tuple
     future: asyncio.Future = field(repr=False)
@@ -237,7 +238,7 @@ class DynamicBatcher:
         """(merge key, length along the padded axis): requests with equal keys may share a batch."""
         pad = self.padding if self.max_batch_size else None
         if pad is None:
-            return tuple(sorted((k, v.dtype.str, v.shape[1:] if self.max_batch_size else v.shape)
+            return tuple(sorted((k, _dtype_key(v), v.shape[1:] if self.max_batch_size else v.shape)
                                 for k, v in inputs.items())), None
         key, lengths = [], set()
         for k, v in inputs.items():
@@ -245,7 +246,7 @@ class DynamicBatcher:
             if k in pad.inputs and v.ndim > pad.axis:
                 lengths.add(v.shape[pad.axis])
                 dims = (*v.shape[1:pad.axis], -1, *v.shape[pad.axis + 1:])
-            key.append((k, v.dtype.str, dims))
+            key.append((k, _dtype_key(v), dims))
         if len(lengths) > 1:
             raise BadRequest(f"model {self.name!r}: the padded inputs {sorted(pad.inputs)} have different lengths "
                              f"{sorted(lengths)} along axis {pad.axis}; they must agree")
@@ -378,22 +379,31 @@ class DynamicBatcher:
                 self._contexts.put(ctx)
 
     def _assemble(self, live: list[Request], padded: int | None, bucket: int,
-                  staging: Staging | None) -> dict[str, np.ndarray]:
+                  staging: Staging | None) -> dict[str, np.ndarray | torch.Tensor]:
         """The batch's feeds: each request's inputs copied into its rows (right-padded to `padded`), then the last row
-        repeated up to `bucket` rows; in `staging`'s block where given (numeric inputs), else in new arrays."""
+        repeated up to `bucket` rows; in `staging`'s block where given (numeric inputs), else in new arrays. Inputs
+        that are tensors (views of CUDA shared memory) are batched in new tensors on their device."""
         first = live[0].inputs
         rows = sum(r.rows for r in live)
-        if not all(stageable(v.dtype) for v in first.values()):
+        tensors = isinstance(next(iter(first.values())), torch.Tensor)
+        if tensors or not all(stageable(v.dtype) for v in first.values()):
             staging = None
         if staging is None and len(live) == 1 and (not self.max_batch_size or bucket == rows and padded is None):
-            return {k: _writable(v) for k, v in first.items()}  # nothing to merge or pad: the request's own arrays
+            return {k: v if tensors else _writable(v) for k, v in first.items()}  # nothing to merge or pad
         specs = {k: (self._batch_shape(k, v, padded, bucket), v.dtype) for k, v in first.items()}
-        feeds = staging.arrays(specs) if staging else {k: np.empty(s, d) for k, (s, d) in specs.items()}
+        if staging:
+            feeds = staging.arrays(specs)
+        elif tensors:
+            feeds = {k: torch.empty(s, dtype=d, device=first[k].device) for k, (s, d) in specs.items()}
+        else:
+            feeds = {k: np.empty(s, d) for k, (s, d) in specs.items()}
         for k, dest in feeds.items():
             if not self.max_batch_size:
                 dest[...] = first[k]
                 continue
-            if padded is None:
+            if padded is None and tensors:
+                torch.cat([r.inputs[k] for r in live], out=dest[:rows])
+            elif padded is None:
                 gather([r.inputs[k] for r in live], dest)
             else:
                 at = 0
@@ -431,7 +441,7 @@ class DynamicBatcher:
         try:
             feeds = self._assemble(live, padded, bucket, self._staging.get(id(ctx)))
             ran = time.perf_counter_ns()
-            outputs = _run_on_device(ctx, feeds) if self._on_cuda else ctx.run(feeds)
+            outputs = _run_on_device(ctx, feeds) if self._on_cuda else _run_on_host(ctx, feeds)
         finally:
             self._contexts.put(ctx)
         done = time.perf_counter_ns()
@@ -487,11 +497,25 @@ class DynamicBatcher:
 
 def _run_on_device(ctx, feeds: dict) -> dict:
     """numpy feeds uploaded here and outputs downloaded here, so that a batch shape met before takes the context's
-    replay fast path (no checks again); string and other non-numeric feeds go the checked way."""
+    replay fast path (no checks again); device tensors (CUDA shared memory) go in as they are; string and other
+    non-numeric feeds go the checked way."""
+    if all(isinstance(v, torch.Tensor) for v in feeds.values()):
+        return ctx.download(ctx.run(feeds))
     if not all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in feeds.values()):
         return ctx.run(feeds)
     device = ctx.engine.device.torch_device
     return ctx.download(ctx.run({k: upload(as_torch(k, v)[0], device) for k, v in feeds.items()}))
+
+
+def _run_on_host(ctx, feeds: dict) -> dict:
+    """A CPU engine's outputs as numpy arrays (it answers tensor feeds with tensors)."""
+    outputs = ctx.run(feeds)
+    return ctx.download(outputs) if any(isinstance(v, torch.Tensor) for v in feeds.values()) else outputs
+
+
+def _dtype_key(value: np.ndarray | torch.Tensor) -> str:
+    """An input's dtype (and, for a tensor, device) in a merge key: host arrays and device tensors never merge."""
+    return value.dtype.str if isinstance(value, np.ndarray) else f"{value.dtype}@{value.device}"
 
 
 def _writable(array: np.ndarray) -> np.ndarray:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import torch
 
 from kiln.serve.errors import BadRequest
 
@@ -44,3 +47,9 @@ def v2_to_config(name: str) -> str:
     """Triton's model-config type name of a v2 datatype: FP32 → TYPE_FP32, BYTES → TYPE_STRING."""
     key = to_v2(name)
     return "TYPE_STRING" if key == "BYTES" else f"TYPE_{key}"
+
+
+@functools.cache
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a numeric numpy dtype (as torch.from_numpy maps it)."""
+    return torch.from_numpy(np.empty(0, dtype)).dtype

@@ -6,8 +6,8 @@ Triton gRPC client) talks to kiln unchanged. grpc and tritonclient are imported 
 imports this module at import time.
 
 Errors: a `ServeError` aborts the call with its `grpc_code` and message; anything else is kiln's bug (INTERNAL, "bug
-in kiln", logged with its traceback). System shared memory is served when given a `SharedMemoryRegistry`; CUDA
-shared memory, streaming, tracing and log settings are UNIMPLEMENTED.
+in kiln", logged with its traceback). System and CUDA shared memory are served when given a `SharedMemoryRegistry`;
+streaming, tracing and log settings are UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2
 from kiln.serve.errors import BadRequest, ModelNotFound, ModelNotReady, ServeError
 from kiln.serve.metrics import SharedStatistics, statistics_of
 from kiln.serve.shared_memory import PARAMS as SHM_PARAMS
-from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
+from kiln.serve.shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, repo, shared_memory: SharedMemoryRegistry | None = None,
                  shared_stats: SharedStatistics | None = None):
         self.repo, self.shared_memory, self.shared_stats = repo, shared_memory, shared_stats
-        self.extensions = EXTENSIONS + (["system_shared_memory"] if shared_memory is not None else [])
+        self.extensions = EXTENSIONS + (shared_memory.extensions if shared_memory is not None else [])
 
     def _get(self, name: str, version: str = ""):
         if not name:
@@ -290,7 +290,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def SystemSharedMemoryStatus(self, request, context):
         response = service_pb2.SystemSharedMemoryStatusResponse()
-        for region in self._regions().status(request.name):
+        for region in self._regions().status(request.name, SYSTEM):
             response.regions[region["name"]].CopyFrom(
                 service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region))
         return response
@@ -302,13 +302,28 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def SystemSharedMemoryUnregister(self, request, context):
-        self._regions().unregister(request.name)
+        self._regions().unregister(request.name, SYSTEM)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
+    @_rpc
+    async def CudaSharedMemoryStatus(self, request, context):
+        response = service_pb2.CudaSharedMemoryStatusResponse()
+        for region in self._regions().status(request.name, CUDA):
+            response.regions[region["name"]].CopyFrom(
+                service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @_rpc
+    async def CudaSharedMemoryRegister(self, request, context):
+        self._regions().register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(self, request, context):
+        self._regions().unregister(request.name, CUDA)
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
     ModelStreamInfer = _unimplemented("ModelStreamInfer")
-    CudaSharedMemoryStatus = _unimplemented("CudaSharedMemoryStatus")
-    CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister")
-    CudaSharedMemoryUnregister = _unimplemented("CudaSharedMemoryUnregister")
     TraceSetting = _unimplemented("TraceSetting")
     LogSettings = _unimplemented("LogSettings")
 

@@ -1,6 +1,6 @@
 """The KServe v2 (Triton) HTTP protocol over a `ModelRepository`: health, metadata, config, infer (JSON tensors and the
-binary tensor data extension, as tritonclient.http speaks them), the repository extension, statistics, system shared
-memory (when given a `SharedMemoryRegistry`) and /metrics.
+binary tensor data extension, as tritonclient.http speaks them), the repository extension, statistics, system and CUDA
+shared memory (when given a `SharedMemoryRegistry`) and /metrics.
 
 Every error is `{"error": "..."}` with the `ServeError`'s HTTP status. The request parsing and response encoding are
 pure functions (`parse_infer_request`, `encode_infer_response`) so they can be tested without a server.
@@ -9,6 +9,7 @@ pure functions (`parse_infer_request`, `encode_infer_response`) so they can be t
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import logging
 import json
@@ -28,7 +29,7 @@ from kiln.errors import InternalError, KilnError
 from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2, to_v2
 from kiln.serve.errors import BadRequest, ClientGone, ModelNotFound, ServeError, TooLarge
 from kiln.serve.metrics import SharedStatistics, statistics_of
-from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error, tensor_ref
+from kiln.serve.shared_memory import CUDA, SYSTEM, SharedMemoryRegistry, TensorRef, off_error, tensor_ref
 from kiln.version import __version__
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -429,7 +430,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
                   **_NO_TELEMETRY)
     app.state.repo = repo
     app.add_middleware(InferRoute, repo=repo, max_body_bytes=max_body_bytes, shared_memory=shared_memory)
-    extensions = EXTENSIONS + (["system_shared_memory"] if shared_memory is not None else [])
+    extensions = EXTENSIONS + (shared_memory.extensions if shared_memory is not None else [])
 
     @app.exception_handler(ServeError)  # handled here, not by the catch-all (Starlette re-raises what that answers)
     async def _serve_error(request: Request, e: ServeError):
@@ -525,14 +526,11 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
         await _maybe_await(repo.unload(name))
         return Response(status_code=200)
 
-    # the system shared memory extension
+    # the system and CUDA shared memory extensions
     def regions() -> SharedMemoryRegistry:
         if shared_memory is None:
             raise off_error()
         return shared_memory
-
-    async def shm_status(name: str = ""):
-        return JSONResponse(regions().status(name))
 
     @app.post("/v2/systemsharedmemory/region/{name}/register")
     async def shm_register(request: Request, name: str):
@@ -540,15 +538,36 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
         registry.register(name, data.get("key"), data.get("offset", 0), data.get("byte_size"))
         return Response(status_code=200)
 
-    async def shm_unregister(request: Request, name: str = ""):
-        registry = regions()
-        await _json_body(request)
-        registry.unregister(name)
+    @app.post("/v2/cudasharedmemory/region/{name}/register")
+    async def cuda_register(request: Request, name: str):
+        registry, data = regions(), await _json_body(request)
+        raw = data.get("raw_handle")
+        if not isinstance(raw, dict) or not isinstance(raw.get("b64"), str):
+            raise BadRequest(f"CUDA shared memory region {name!r}: raw_handle must be {{\"b64\": base64 of the CUDA "
+                             "IPC handle}")
+        try:
+            handle = base64.b64decode(raw["b64"], validate=True)
+        except ValueError:
+            raise BadRequest(f"CUDA shared memory region {name!r}: raw_handle.b64 is not base64") from None
+        registry.register_cuda(name, handle, data.get("device_id", 0), data.get("byte_size"))
         return Response(status_code=200)
 
-    for prefix in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{name}"):
-        app.add_api_route(f"{prefix}/status", shm_status, methods=["GET"])
-        app.add_api_route(f"{prefix}/unregister", shm_unregister, methods=["POST"])
+    def region_routes(kind: str, path: str) -> None:
+        async def status(name: str = ""):
+            return JSONResponse(regions().status(name, kind))
+
+        async def unregister(request: Request, name: str = ""):
+            registry = regions()
+            await _json_body(request)
+            registry.unregister(name, kind)
+            return Response(status_code=200)
+
+        for prefix in (f"/v2/{path}", f"/v2/{path}/region/{{name}}"):
+            app.add_api_route(f"{prefix}/status", status, methods=["GET"])
+            app.add_api_route(f"{prefix}/unregister", unregister, methods=["POST"])
+
+    region_routes(SYSTEM, "systemsharedmemory")
+    region_routes(CUDA, "cudasharedmemory")
 
     @app.get("/metrics")
     async def prometheus():

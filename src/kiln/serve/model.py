@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from kiln.serve.batcher import BatchRecord, DynamicBatcher, RequestTiming
 from kiln.serve.config import ModelConfig
-from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY
+from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY, torch_dtype
 from kiln.serve.errors import BadRequest, ServeError
 from kiln.errors import KilnError
 from kiln.serve.logs import REQUESTS, event
@@ -181,9 +182,12 @@ class ServedModel:
         batch = set()
         for name, (want, datatype, dims) in expected.items():
             a = inputs[name]
-            if not isinstance(a, np.ndarray):
+            if isinstance(a, torch.Tensor):  # a view of a CUDA shared memory region
+                if want.kind not in "biuf" or a.dtype != torch_dtype(want):
+                    raise BadRequest(f"input {name!r}: datatype {a.dtype} does not match the model's {datatype}")
+            elif not isinstance(a, np.ndarray):
                 raise BadRequest(f"input {name!r} must be a numpy array, got {type(a).__name__}")
-            if a.dtype != want:
+            elif a.dtype != want:
                 got = NUMPY_TO_V2.get(a.dtype, str(a.dtype))
                 raise BadRequest(f"input {name!r}: datatype {got} does not match the model's {datatype}")
             if a.ndim != len(dims) or any(d != -1 and d != s for d, s in zip(dims, a.shape)):
