@@ -37,6 +37,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import re
 import resource
 import shutil
 import shlex
@@ -443,7 +444,7 @@ class Probe:
 
     def part(self, name: str, fn, need_s: float = 0.0):
         """Run one part: its result (or error, or why it was skipped) recorded under `name`."""
-        if any(name.startswith(w[1:]) if w.startswith("^") else w in name for w in self.args.skip):
+        if any(re.search(w, name) if w[:1] == "^" or w[-1:] == "$" else w in name for w in self.args.skip):
             self.results["parts"][name] = {"skipped": "--skip"}
             self.results["skipped"].append(name)
             return None
@@ -1060,7 +1061,7 @@ def main() -> None:
                     help="comma-separated models to build and serve")
     ap.add_argument("--skip", type=lambda v: v.split(","), default=[],
                     help="comma-separated words: parts whose name holds one are skipped (e.g. overload,memory); "
-                         "a word starting with ^ skips the parts whose name starts with the rest (^c1 )")
+                         "a word starting with ^ or ending with $ is a regular expression (^c1 , grpc$)")
     ap.add_argument("--shared-memory", action="store_true",
                     help="also run each concurrency load with inputs and outputs in system shared memory")
     ap.add_argument("--server-prefix", default="",
