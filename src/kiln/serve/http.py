@@ -545,8 +545,8 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
         if not isinstance(raw, dict) or not isinstance(raw.get("b64"), str):
             raise BadRequest(f"CUDA shared memory region {name!r}: raw_handle must be {{\"b64\": base64 of the CUDA "
                              "IPC handle}")
-        try:
-            handle = base64.b64decode(raw["b64"], validate=True)
+        try:  # perf_analyzer's encoder breaks lines every 72 characters and ends with one, as libb64 does
+            handle = base64.b64decode("".join(raw["b64"].split()), validate=True)
         except ValueError:
             raise BadRequest(f"CUDA shared memory region {name!r}: raw_handle.b64 is not base64") from None
         registry.register_cuda(name, handle, data.get("device_id", 0), data.get("byte_size"))
