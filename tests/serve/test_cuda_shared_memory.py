@@ -267,9 +267,11 @@ def test_http_register_decodes_the_handle():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_gpu_server_batches_inputs_from_cuda_regions(tmp_path, protocol):
-    """A real `kiln serve --device cuda --shared-memory`: eight client threads each pass their input and output
-    through CUDA regions that tritonclient made; requests merge into batches and every output is exact."""
+@pytest.mark.parametrize("frontends", [0, 2])
+def test_gpu_server_batches_inputs_from_cuda_regions(tmp_path, protocol, frontends):
+    """A real `kiln serve --device cuda --shared-memory` (one process, or front ends with the regions in the engine
+    process): eight client threads each pass their input and output through CUDA regions that tritonclient made;
+    requests merge into batches and every output is exact."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not torch.cuda.is_available():
@@ -293,8 +295,9 @@ def test_gpu_server_batches_inputs_from_cuda_regions(tmp_path, protocol):
     regions = [cudashm.create_shared_memory_region(f"kiln_{k}", size * threads, 0) for k in ("in", "out")]
     try:
         cudashm.set_shared_memory_region(regions[0], xs)
-        with serving(tmp_path / "models", "--device", "cuda", "--shared-memory", timeout_s=300) as (url, grpc_url,
-                                                                                                      _, log):
+        extra = ["--frontends", str(frontends)] if frontends else []
+        with serving(tmp_path / "models", "--device", "cuda", "--shared-memory", *extra, timeout_s=300) as (
+                url, grpc_url, _, log):
             target = url if protocol == "http" else grpc_url
             client = client_module.InferenceServerClient(target)
             for name, region in zip(("in", "out"), regions):

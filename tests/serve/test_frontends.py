@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from test_http import MODEL, affine_repository, serving
 from test_workers import _assert_summed, _http_stats, _requests_counted
 
@@ -41,12 +42,13 @@ def test_tensors_inline_round_trip_every_shape_and_dtype():
         np.testing.assert_array_equal(got[name], a)
 
 
-async def _linked(root, sock: str, slots: int, slot_bytes: int):
-    """An engine-side repository and LinkServer, and a front end's LinkedRepository over them (one process)."""
+async def _linked(root, sock: str, slots: int, slot_bytes: int, regions=None):
+    """An engine-side repository and LinkServer (serving the shared memory `regions`, if given), and a front end's
+    LinkedRepository over them (one process)."""
     engine = ModelRepository(root, device="cpu")
     engine.start()
     fd = memfd("test-link", slots * slot_bytes)
-    server = LinkServer(engine, LinkSpec(sock, (fd,), slots, slot_bytes))
+    server = LinkServer(engine, LinkSpec(sock, (fd,), slots, slot_bytes), regions)
     await server.start()
     front = LinkedRepository(root, LinkSpec(sock, (fd,), slots, slot_bytes, frontend=0))
     await front.start()
@@ -179,9 +181,109 @@ def test_an_engine_that_dies_stops_the_server(repo):
     assert "stopping the others" in log.read_text()
 
 
-@pytest.mark.parametrize("extra, message", [(["--workers", "2"], "choose one"),
-                                            (["--shared-memory"], "--shared-memory needs one process")])
+@pytest.mark.parametrize("extra, message", [(["--workers", "2"], "choose one")])
 def test_frontends_refuse_what_they_cannot_serve(repo, extra, message):
     r = subprocess.run([sys.executable, "-m", "kiln", "serve", str(repo), "--frontends", "2", *extra],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_shared_memory_regions_live_in_the_engine_process(repo, tmp_path):
+    """Under --frontends a front end's registry forwards registration and status to the engine process, sends inputs
+    in regions as references, and the engine reads them there and writes the outputs bound for regions: a system
+    region and a (stand-in) CUDA region, round trip exact; errors cross the link by class."""
+    import base64
+    import os
+
+    from test_cuda_shared_memory import FakeDevice
+
+    from kiln.serve.errors import AlreadyExists, RegionNotFound
+    from kiln.serve.linked import LinkedRegions, RegionInput
+    from kiln.serve.shared_memory import CUDA, SharedMemoryRegistry, TensorRef
+
+    key = f"kiln_test_link_{os.getpid()}"
+    with open(f"/dev/shm/{key}", "wb") as f:
+        f.truncate(256)
+    device = FakeDevice(gpu=256)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+    async def main():
+        parts = await _linked(repo, str(tmp_path / "e.sock"), 2, 4096, SharedMemoryRegistry(cuda=device))
+        engine, server, front = parts
+        regions = LinkedRegions(front, cuda=True)
+        try:
+            await regions.register("sys", f"/{key}", 0, 256)
+            await regions.register_cuda("dev", device.handle("gpu"), 0, 256)
+            assert await regions.status() == [{"name": "sys", "key": f"/{key}", "offset": 0, "byte_size": 256}]
+            assert await regions.status("dev", CUDA) == [{"name": "dev", "device_id": 0, "byte_size": 256}]
+            with pytest.raises(AlreadyExists):
+                await regions.register("dev", f"/{key}", 0, 16)
+            with pytest.raises(RegionNotFound):
+                await regions.status("nope")
+            with open(f"/dev/shm/{key}", "r+b") as f:
+                f.write(x.tobytes())
+            device.memory("gpu")[:32] = torch.from_numpy((x + 10).view(np.uint8).reshape(-1).copy())
+            model = front.get(MODEL)
+            for name, want in (("sys", x), ("dev", x + 10)):
+                ref = TensorRef(name, 0, 32)
+                inp = regions.read("input 'x'", ref, "FP32", np.float32, [2, 4])
+                assert isinstance(inp, RegionInput)
+                out_ref = TensorRef(name, 64, 32)
+                regions.check("output 'y'", out_ref)
+                got = await model.infer({"x": inp}, ["y"], shm_outputs={"y": out_ref})
+                assert got["y"].shape == (2, 4) and got["y"].dtype == np.float32  # its dtype and shape only
+                if name == "sys":
+                    written = np.fromfile(f"/dev/shm/{key}", np.float32, 8, offset=64).reshape(2, 4)
+                else:
+                    written = device.memory("gpu")[64:96].numpy().view(np.float32).reshape(2, 4)
+                np.testing.assert_array_equal(written, want * 2 + 1)
+            with pytest.raises(RegionNotFound, match="'gone'"):
+                await model.infer({"x": RegionInput(TensorRef("gone", 0, 32), "FP32", np.dtype(np.float32),
+                                                    [2, 4])})
+            await regions.unregister("dev", CUDA)
+            await regions.unregister()
+            assert await regions.status() == [] and await regions.status(kind=CUDA) == []
+            assert base64.b64encode(device.handle("gpu"))  # the handle crossed the link as base64 and back
+            assert device.opened == [(0, 256)]
+        finally:
+            await _close(*parts)
+
+    try:
+        asyncio.run(main())
+    finally:
+        os.unlink(f"/dev/shm/{key}")
+
+
+def test_frontends_serve_system_shared_memory(repo):
+    """A real `kiln serve --frontends 2 --shared-memory`: a region registered through one connection serves
+    requests over HTTP and gRPC, whichever front end takes them."""
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    import os
+
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    key = f"/kiln_test_fe_{os.getpid()}"
+    handle = shm.create_shared_memory_region("fe", key, 64, create_only=True)
+    try:
+        shm.set_shared_memory_region(handle, [x])
+        with serving(repo, "--frontends", "2", "--shared-memory") as (url, grpc_url, _, log):
+            httpclient.InferenceServerClient(url).register_system_shared_memory("fe", key, 64)
+            for module, target in [(httpclient, url), (grpcclient, grpc_url)] * 3:  # new connections each time
+                c = module.InferenceServerClient(target)
+                assert "system_shared_memory" in (c.get_server_metadata(as_json=True) if module is grpcclient
+                                                  else c.get_server_metadata())["extensions"]
+                inp = module.InferInput("x", [2, 4], "FP32")
+                inp.set_shared_memory("fe", 32)
+                out = module.InferRequestedOutput("y")
+                out.set_shared_memory("fe", 32, 32)
+                c.infer(MODEL, [inp], outputs=[out])
+                got = shm.get_contents_as_numpy(handle, np.float32, [4, 4])
+                np.testing.assert_array_equal(got[2:], x * 2 + 1)
+                shm.set_shared_memory_region(handle, [np.zeros_like(x)], offset=32)
+                c.close()
+            httpclient.InferenceServerClient(url).unregister_system_shared_memory()
+            assert grpcclient.InferenceServerClient(grpc_url).get_system_shared_memory_status(as_json=True) == {}
+    finally:
+        shm.destroy_shared_memory_region(handle)

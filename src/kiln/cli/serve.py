@@ -113,14 +113,16 @@ def serve(
                                  "device, N batching queues): one Python process takes in one to two thousand "
                                  "requests a second. The kernel spreads HTTP and gRPC connections over them; /metrics "
                                  "and the v2 statistics sum every worker's (the other workers' statistics lag by up to "
-                                 "0.2 s); model load / unload and --shared-memory need --workers 1.")] = 1,
+                                 "0.2 s); model load / unload need --workers 1, --shared-memory one worker or "
+                                 "--frontends.")] = 1,
     frontends: Annotated[int, typer.Option(
         "--frontends", min=0, help="Take requests in this many front-end processes that hand them to one engine "
                                    "process (one engine copy and one batching queue per model, so batches fill up), "
                                    "tensors through shared memory: for more requests a second than one process "
                                    "takes in. The kernel spreads HTTP and gRPC connections over the front ends; "
-                                   "statistics lag by up to 0.2 s; model load / unload and --shared-memory need "
-                                   "one process. 0: off.")] = 0,
+                                   "statistics lag by up to 0.2 s; model load / unload need one process. With "
+                                   "--shared-memory the engine process keeps the regions and reads and writes them. "
+                                   "0: off.")] = 0,
     link_path: Annotated[Optional[str], typer.Option("--link", hidden=True)] = None,
     link_fds: Annotated[Optional[str], typer.Option("--link-fds", hidden=True)] = None,
     frontend_index: Annotated[Optional[int], typer.Option("--frontend-index", hidden=True)] = None,
@@ -162,16 +164,14 @@ def serve(
     if frontends:
         if workers > 1:
             raise ConfigError("--frontends and --workers are two ways to serve from several processes; choose one")
-        if shared_memory:
-            raise ConfigError("--shared-memory needs one process (no --frontends): a client's regions would have to "
-                              "be registered with every front end")
     if workers > 1 or frontends:
-        if shared_memory:
-            raise ConfigError("--shared-memory needs --workers 1: each worker would keep its own regions, and a "
-                              "client's connections may reach different workers")
+        if shared_memory and not frontends:
+            raise ConfigError("--shared-memory needs --workers 1 (or --frontends N, whose engine process keeps the "
+                              "regions): each worker would keep its own regions, and a client's connections may "
+                              "reach different workers")
         argv = ["--device", device, "--policy", policy, "--max-body-bytes", str(max_body_bytes), "--loop", loop,
                 "--gil-switch-us", str(gil_switch_us), "--host-threads", str(host_threads), "--log-format", log_format]
-        argv += ["--log-requests"] * log_requests + ["--verbose"] * verbose
+        argv += ["--log-requests"] * log_requests + ["--verbose"] * verbose + ["--shared-memory"] * shared_memory
         if frontends:
             raise typer.Exit(_serve_frontends(repository, host, http_port, grpc_port, metrics_port, frontends, argv))
         raise typer.Exit(_serve_workers(repository, host, http_port, grpc_port, metrics_port, workers, argv))
@@ -431,9 +431,11 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     regions = SharedMemoryRegistry(cuda=_cuda_opener(device)) if shared_memory else None  # for HTTP and gRPC alike
     shared_stats = SharedStatistics.from_env(None if worker is None or link else worker.index)  # None: one process
     if link is not None and link.frontend is not None:
-        from kiln.serve.linked import LinkedRepository
+        from kiln.serve.linked import LinkedRegions, LinkedRepository
 
         repo = LinkedRepository(root, link, metrics=metrics)
+        if regions is not None:  # the engine process keeps the regions, for every front end
+            regions = LinkedRegions(repo, cuda="cuda_shared_memory" in regions.extensions)
     else:
         repo = ModelRepository(root, device=device, policy=policy, metrics=metrics,
                                control=None if worker is None else "this server runs several workers (--workers), "
@@ -451,7 +453,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         if link is not None and link.frontend is None:
             from kiln.serve.link_server import LinkServer
 
-            link_server = LinkServer(repo, link)
+            link_server = LinkServer(repo, link, regions)
             await link_server.start()
             event(f"{who}front ends link on {link.path}", event="listening", protocol="link", path=link.path)
         for m in repo.index() if link is None or link.frontend is None else []:  # the engine says it once

@@ -244,7 +244,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         encode = functools.partial(encode_response, model, request.id, requested, shm_outputs=shm_outputs,
                                    shared_memory=self.shared_memory)
         return await model.infer(inputs, requested, timeout_s=timeout_s, start_ns=start,
-                                 decode_ns=time.perf_counter_ns() - start, encode=encode)
+                                 decode_ns=time.perf_counter_ns() - start, encode=encode, shm_outputs=shm_outputs)
 
     @_rpc
     async def ModelStatistics(self, request, context):
@@ -290,37 +290,38 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def SystemSharedMemoryStatus(self, request, context):
         response = service_pb2.SystemSharedMemoryStatusResponse()
-        for region in self._regions().status(request.name, SYSTEM):
+        for region in await _maybe_await(self._regions().status(request.name, SYSTEM)):
             response.regions[region["name"]].CopyFrom(
                 service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region))
         return response
 
     @_rpc
     async def SystemSharedMemoryRegister(self, request, context):
-        self._regions().register(request.name, request.key, request.offset, request.byte_size)
+        await _maybe_await(self._regions().register(request.name, request.key, request.offset, request.byte_size))
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
     @_rpc
     async def SystemSharedMemoryUnregister(self, request, context):
-        self._regions().unregister(request.name, SYSTEM)
+        await _maybe_await(self._regions().unregister(request.name, SYSTEM))
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     @_rpc
     async def CudaSharedMemoryStatus(self, request, context):
         response = service_pb2.CudaSharedMemoryStatusResponse()
-        for region in self._regions().status(request.name, CUDA):
+        for region in await _maybe_await(self._regions().status(request.name, CUDA)):
             response.regions[region["name"]].CopyFrom(
                 service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(**region))
         return response
 
     @_rpc
     async def CudaSharedMemoryRegister(self, request, context):
-        self._regions().register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        await _maybe_await(self._regions().register_cuda(request.name, request.raw_handle, request.device_id,
+                                                         request.byte_size))
         return service_pb2.CudaSharedMemoryRegisterResponse()
 
     @_rpc
     async def CudaSharedMemoryUnregister(self, request, context):
-        self._regions().unregister(request.name, CUDA)
+        await _maybe_await(self._regions().unregister(request.name, CUDA))
         return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     ModelStreamInfer = _unimplemented("ModelStreamInfer")

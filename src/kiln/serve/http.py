@@ -414,7 +414,7 @@ class InferRoute:
 
         header, blobs = await unless_gone(request.receive, served.infer(
             parsed.inputs, requested, parsed.timeout_s, start_ns=start, decode_ns=time.perf_counter_ns() - decode_start,
-            encode=encode))
+            encode=encode, shm_outputs=parsed.shm_outputs))
         return _PartsResponse(header, blobs)
 
 
@@ -535,7 +535,7 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
     @app.post("/v2/systemsharedmemory/region/{name}/register")
     async def shm_register(request: Request, name: str):
         registry, data = regions(), await _json_body(request)
-        registry.register(name, data.get("key"), data.get("offset", 0), data.get("byte_size"))
+        await _maybe_await(registry.register(name, data.get("key"), data.get("offset", 0), data.get("byte_size")))
         return Response(status_code=200)
 
     @app.post("/v2/cudasharedmemory/region/{name}/register")
@@ -549,17 +549,17 @@ def create_app(repo, *, max_body_bytes: int = 64 << 20, metrics=None,
             handle = base64.b64decode("".join(raw["b64"].split()), validate=True)
         except ValueError:
             raise BadRequest(f"CUDA shared memory region {name!r}: raw_handle.b64 is not base64") from None
-        registry.register_cuda(name, handle, data.get("device_id", 0), data.get("byte_size"))
+        await _maybe_await(registry.register_cuda(name, handle, data.get("device_id", 0), data.get("byte_size")))
         return Response(status_code=200)
 
     def region_routes(kind: str, path: str) -> None:
         async def status(name: str = ""):
-            return JSONResponse(regions().status(name, kind))
+            return JSONResponse(await _maybe_await(regions().status(name, kind)))
 
         async def unregister(request: Request, name: str = ""):
             registry = regions()
             await _json_body(request)
-            registry.unregister(name, kind)
+            await _maybe_await(registry.unregister(name, kind))
             return Response(status_code=200)
 
         for prefix in (f"/v2/{path}", f"/v2/{path}/region/{{name}}"):

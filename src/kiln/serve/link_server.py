@@ -4,6 +4,7 @@ state requests from its own `ModelRepository`, so every front end's requests mee
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import time
@@ -11,15 +12,17 @@ import time
 from kiln.serve import link
 from kiln.serve.errors import ClientGone, InferenceFailed, ServeError
 from kiln.serve.logs import event
+from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error
 
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards a front end before a reply waits for the socket
 
 
 class LinkServer:
-    """Serves `repo` to the front ends on `spec.path`; `start()`, then `close()` after the repository drained."""
+    """Serves `repo` to the front ends on `spec.path`, and the shared memory `regions` (None: off) they register;
+    `start()`, then `close()` after the repository drained."""
 
-    def __init__(self, repo, spec: link.LinkSpec):
-        self.repo, self.spec = repo, spec
+    def __init__(self, repo, spec: link.LinkSpec, regions: SharedMemoryRegistry | None = None):
+        self.repo, self.spec, self.regions = repo, spec, regions
         size = spec.slots * spec.slot_bytes
         self.maps = [link.map_fd(fd, size) for fd in spec.fds]
         self.server: asyncio.AbstractServer | None = None
@@ -61,6 +64,8 @@ class LinkServer:
                             pending[rid].cancel()
                     elif op == "state":
                         out.put({"id": rid, "state": self.state()})
+                    elif op == "regions":
+                        out.put(self._regions(header))
                     elif op == "hello":
                         shm = self.maps[header["frontend"]]
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -73,6 +78,24 @@ class LinkServer:
             writer.close()
             self.clients.discard(asyncio.current_task())
 
+    def _shared(self) -> SharedMemoryRegistry:
+        if self.regions is None:
+            raise off_error()
+        return self.regions
+
+    def _regions(self, h: dict) -> dict:
+        """A front end's registration, unregistration or status call on the regions: its reply header."""
+        call, args = h["call"], h["args"]
+        try:
+            if call == "register_cuda":
+                name, b64, device_id, size = args
+                args = [name, base64.b64decode(b64), device_id, size]
+            if call not in ("register", "register_cuda", "unregister", "status"):
+                raise InferenceFailed(f"link: unknown regions call {call!r}")
+            return {"id": h["id"], "result": getattr(self._shared(), call)(*args)}
+        except ServeError as e:
+            return link.error_header(h["id"], e)
+
     async def _infer(self, h: dict, payload: bytes, shm, out: link.Outbox) -> None:
         """Run one request and write its one reply (outputs, or the error), whatever happens."""
         rid, slot = h["id"], h.get("slot")
@@ -80,16 +103,24 @@ class LinkServer:
         try:
             model = self.repo.get(h["model"], h.get("version"))
             inputs = link.read(shm if slot is not None else payload, h["inputs"])
+            for name, region, offset, size, datatype, dtype, shape in h.get("regions", ()):
+                inputs[name] = self._shared().read(f"input '{name}'", TensorRef(region, offset, size), datatype, dtype,
+                                                   shape)
             outputs = await model.infer(inputs, h.get("requested"), h.get("timeout"),
                                         start_ns=time.perf_counter_ns() - h.get("pre_ns", 0),
                                         decode_ns=h.get("decode_ns", 0))
+            written = {}
+            for name, (region, offset, size) in (h.get("shm_outputs") or {}).items():
+                array = outputs.pop(name)
+                self._shared().write(f"output '{name}'", TensorRef(region, offset, size), array)
+                written[name] = [array.dtype.str, list(array.shape)]
             if slot is not None:
                 entries, end = link.describe(outputs, h["end"])
                 if end <= base + self.spec.slot_bytes:
                     link.write(shm, entries, outputs)
-                    return out.put({"id": rid, "outputs": entries, "shm": True})
+                    return out.put({"id": rid, "outputs": entries, "shm": True, "written": written})
             entries, _ = link.describe(outputs, 0)
-            out.put({"id": rid, "outputs": entries}, link.inline(entries, outputs, 0))
+            out.put({"id": rid, "outputs": entries, "written": written}, link.inline(entries, outputs, 0))
         except ServeError as e:
             out.put(link.error_header(rid, e))
         except asyncio.CancelledError:

@@ -5,10 +5,12 @@ index and statistics are the engine's, refreshed every `STATE_REFRESH_S`."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,8 +18,9 @@ import numpy as np
 from kiln.serve import link
 from kiln.serve.config import TensorConfig
 from kiln.serve.dtypes import to_v2
-from kiln.serve.errors import InferenceFailed, ModelNotReady
+from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotReady
 from kiln.serve.repository import Entry, ModelRepository
+from kiln.serve.shared_memory import SYSTEM, TensorRef, check_size
 
 STATE_REFRESH_S = 0.2
 CONNECT_TIMEOUT_S = 24 * 3600.0  # the engine process may build its models first
@@ -87,6 +90,8 @@ class Link:
             if "outputs" in header:  # copies: the slot is reused once freed
                 result = {k: np.array(v) for k, v in
                           link.read(self.shm if header.get("shm") else payload, header["outputs"]).items()}
+                for name, (dtype, shape) in header.get("written", {}).items():  # the engine wrote them
+                    result[name] = np.broadcast_to(np.zeros((), dtype), shape)  # their dtype and shape, no bytes
         finally:
             if slot is not None:
                 self.free.append(slot)
@@ -143,13 +148,20 @@ class LinkedModel:
 
     async def infer(self, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
                     timeout_s: float | None = None, *, start_ns: int | None = None, decode_ns: int = 0,
-                    encode: Callable[[dict[str, np.ndarray]], Any] | None = None) -> Any:
-        """Send one request to the engine process; its outputs (or `encode(outputs)`), or its ServeError."""
+                    encode: Callable[[dict[str, np.ndarray]], Any] | None = None,
+                    shm_outputs: dict[str, TensorRef] | None = None) -> Any:
+        """Send one request to the engine process; its outputs (or `encode(outputs)`), or its ServeError. Inputs in
+        shared memory (`RegionInput`s) go as references, and the engine writes `shm_outputs` into their regions."""
         begin = time.perf_counter_ns()
         spec, lk = self.link.spec, self.link
         header = {"op": "infer", "model": self.name, "version": self.version, "requested": requested,
                   "timeout": timeout_s, "decode_ns": decode_ns,
                   "pre_ns": begin - start_ns if start_ns is not None else 0}
+        if any(isinstance(v, RegionInput) for v in inputs.values()):
+            header["regions"] = [[k, *v.header()] for k, v in inputs.items() if isinstance(v, RegionInput)]
+            inputs = {k: v for k, v in inputs.items() if not isinstance(v, RegionInput)}
+        if shm_outputs:
+            header["shm_outputs"] = {k: [r.region, r.offset, r.byte_size] for k, r in shm_outputs.items()}
         slot = lk.free.pop() if lk.free else None
         parts: list = []
         if slot is not None:
@@ -169,6 +181,61 @@ class LinkedModel:
         if "error" in reply:
             link.raise_error(reply)
         return encode(outputs) if encode is not None else outputs
+
+
+@dataclass(frozen=True)
+class RegionInput:
+    """An input in a shared memory region, as a front end parsed it: the engine process reads it there."""
+
+    ref: TensorRef
+    datatype: str
+    dtype: np.dtype
+    shape: list[int]
+
+    def header(self) -> list:
+        return [self.ref.region, self.ref.offset, self.ref.byte_size, self.datatype, self.dtype.str, self.shape]
+
+
+class LinkedRegions:
+    """A front end's shared memory registry: the regions are the engine process's (one set for every front end, as a
+    client's calls may reach any of them). Registration and status go over the link; an input in a region is a
+    `RegionInput` the engine reads, and outputs bound for regions are written there by the engine."""
+
+    def __init__(self, repo: LinkedRepository, cuda: bool):
+        self.repo = repo
+        self.extensions = ["system_shared_memory"] + (["cuda_shared_memory"] if cuda else [])
+
+    async def _call(self, call: str, *args) -> Any:
+        reply, _ = await self.repo.link.call({"op": "regions", "call": call, "args": list(args)})
+        if "error" in reply:
+            link.raise_error(reply)
+        return reply.get("result")
+
+    async def register(self, name, key, offset, byte_size) -> None:
+        await self._call("register", name, key, offset, byte_size)
+
+    async def register_cuda(self, name, raw_handle, device_id, byte_size) -> None:
+        if not isinstance(raw_handle, (bytes, bytearray)):
+            raise BadRequest(f"CUDA shared memory region {name!r}: raw_handle must be the handle's bytes")
+        await self._call("register_cuda", name, base64.b64encode(raw_handle).decode(), device_id, byte_size)
+
+    async def unregister(self, name: str = "", kind: str = SYSTEM) -> None:
+        await self._call("unregister", name, kind)
+
+    async def status(self, name: str = "", kind: str = SYSTEM) -> list[dict]:
+        return await self._call("status", name, kind)
+
+    def check(self, what: str, ref: TensorRef) -> None:
+        """Nothing here: the engine process checks `ref` when it writes the output."""
+
+    def read(self, what: str, ref: TensorRef, datatype: str, dtype, shape: list[int]) -> RegionInput:
+        return RegionInput(ref, datatype, check_size(what, ref, datatype, dtype, shape), list(shape))
+
+    def write(self, what: str, ref: TensorRef, array: np.ndarray) -> None:
+        """Nothing here: the engine process wrote the output into its region."""
+
+    def close(self) -> None:
+        """Nothing here: the engine process owns the regions."""
 
 
 class LinkedRepository(ModelRepository):

@@ -127,10 +127,11 @@ class ServedModel:
 
     async def infer(self, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
                     timeout_s: float | None = None, *, start_ns: int | None = None, decode_ns: int = 0,
-                    encode: Callable[[dict[str, np.ndarray]], Any] | None = None) -> Any:
+                    encode: Callable[[dict[str, np.ndarray]], Any] | None = None, shm_outputs=None) -> Any:
         """Run one request: validated, queued, batched; returns this request's `requested` outputs (None: all), or
         `encode(outputs)`. A protocol handler passes its entry time `start_ns` and decode time `decode_ns`
-        (perf_counter_ns) and its response encoder `encode`, so that the statistics cover the whole request."""
+        (perf_counter_ns) and its response encoder `encode`, so that the statistics cover the whole request.
+        `shm_outputs` (outputs bound for shared memory) is for a front end's model: here `encode` writes them."""
         start = time.perf_counter_ns()
         begin, timing = start if start_ns is None else start_ns, RequestTiming()
         try:

@@ -240,11 +240,7 @@ class SharedMemoryRegistry:
     def read(self, what: str, ref: TensorRef, datatype: str, dtype, shape: list[int]) -> np.ndarray | torch.Tensor:
         """The `shape` array of `dtype` at `ref`, whose byte size must be `ref.byte_size`: a numpy copy from a system
         region (little-endian), a device tensor viewing a CUDA region."""
-        dtype = np.dtype(dtype)
-        count = math.prod(shape)
-        if ref.byte_size != count * dtype.itemsize:
-            raise BadRequest(f"{what}: {BYTE_SIZE} {ref.byte_size} does not match shape {list(shape)} of {datatype} "
-                             f"({count * dtype.itemsize} bytes)")
+        dtype = check_size(what, ref, datatype, dtype, shape)
         with self._lock:
             return self._find(what, ref).read(ref.offset, dtype, list(shape))
 
@@ -261,6 +257,16 @@ class SharedMemoryRegistry:
         """Unmap every region (the server is shutting down)."""
         for kind in (SYSTEM, CUDA):
             self.unregister(kind=kind)
+
+
+def check_size(what: str, ref: TensorRef, datatype: str, dtype, shape: list[int]) -> np.dtype:
+    """`dtype` as a numpy dtype; BadRequest unless `ref.byte_size` is the byte size of a `shape` array of it."""
+    dtype = np.dtype(dtype)
+    count = math.prod(shape)
+    if ref.byte_size != count * dtype.itemsize:
+        raise BadRequest(f"{what}: {BYTE_SIZE} {ref.byte_size} does not match shape {list(shape)} of {datatype} "
+                         f"({count * dtype.itemsize} bytes)")
+    return dtype
 
 
 def off_error() -> Unsupported:
