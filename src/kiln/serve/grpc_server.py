@@ -151,22 +151,17 @@ def decode_inputs(request, shared_memory: SharedMemoryRegistry | None = None) ->
 def encode_response(model, request_id: str, requested: list[str] | None, outputs: dict[str, np.ndarray], *,
                     shm_outputs: dict[str, TensorRef] | None = None, shared_memory: SharedMemoryRegistry | None = None):
     """The ModelInferResponse carrying `outputs` (in `requested` order, else theirs) as raw little-endian bytes; those
-    of `shm_outputs` are written into shared memory instead (an empty raw entry each, as Triton)."""
+    of `shm_outputs` are written into shared memory instead (an empty raw entry and no parameters each, as Triton)."""
     response = service_pb2.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request_id)
     for name in requested or list(outputs):
         array = np.asarray(outputs[name])
-        tensor = response.outputs.add(name=name, datatype=numpy_to_v2(array.dtype), shape=list(array.shape))
+        response.outputs.add(name=name, datatype=numpy_to_v2(array.dtype), shape=list(array.shape))
         ref = shm_outputs.get(name) if shm_outputs else None
         if ref is None:
             response.raw_output_contents.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
             continue
         shared_memory.write(f"output '{name}'", ref, array)
         response.raw_output_contents.append(b"")
-        for key, value in ref.parameters().items():
-            if isinstance(value, str):
-                tensor.parameters[key].string_param = value
-            else:
-                tensor.parameters[key].int64_param = value
     return response
 
 

@@ -219,7 +219,8 @@ def encode_infer_response(model_name: str, model_version: str, results: dict[str
                           shm_outputs: dict[str, TensorRef] | None = None,
                           shared_memory: SharedMemoryRegistry | None = None) -> tuple[bytes, int | None]:
     """(body, JSON header length or None): the v2 response for `results`, outputs in `order` ((name, binary) pairs);
-    binary outputs follow the JSON header, those of `shm_outputs` are written into shared memory and carry no data."""
+    binary outputs follow the JSON header, those of `shm_outputs` are written into shared memory and carry neither
+    data nor parameters (as Triton's)."""
     header, blobs = encode_infer_parts(model_name, model_version, results, order, request_id,
                                        shm_outputs=shm_outputs, shared_memory=shared_memory)
     return (header, None) if not blobs else (header + b"".join(blobs), len(header))
@@ -239,8 +240,8 @@ def encode_infer_parts(model_name: str, model_version: str, results: dict[str, n
         array = np.asarray(results[name])
         entry: dict = {"name": name, "datatype": numpy_to_v2(array.dtype), "shape": list(array.shape)}
         if shm_outputs and name in shm_outputs:
-            shared_memory.write(f"output '{name}'", shm_outputs[name], array)
-            entry["parameters"] = shm_outputs[name].parameters()
+            shared_memory.write(f"output '{name}'", shm_outputs[name], array)  # no parameters, as Triton answers:
+            # NVIDIA's C++ client reads binary_data_size from any output that has parameters
         elif binary:
             blob = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()  # ASGI bodies are bytes
             entry["parameters"] = {"binary_data_size": len(blob)}

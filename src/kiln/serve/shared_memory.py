@@ -39,10 +39,6 @@ class TensorRef:
     offset: int
     byte_size: int
 
-    def parameters(self) -> dict:
-        """The tensor's shared memory parameters, as the request gave them (a zero offset left out)."""
-        params = {REGION: self.region, BYTE_SIZE: self.byte_size}
-        return {**params, OFFSET: self.offset} if self.offset else params
 
 
 def _count(value, what: str, field: str) -> int:
