@@ -334,3 +334,56 @@ def test_gpu_server_batches_inputs_from_cuda_regions(tmp_path, protocol, fronten
     finally:
         for region in regions:
             cudashm.destroy_shared_memory_region(region)
+
+
+class _TwoOutputs:
+    """y = 2 x + 1 and z = x[:, :, 0] (the length-wise output) on host arrays; records each batch's rows."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+
+    def create_context(self, **options):
+        return self
+
+    def run(self, feeds):
+        x = feeds["x"]
+        self.rows.append(len(x))
+        return {"y": x * 2 + 1, "z": x[:, :, 0].copy()}
+
+
+def test_outputs_bound_for_cuda_regions_are_copied_there_by_the_batcher():
+    """A request's outputs in CUDA regions go straight from the batch's outputs into its sink (no host copy; on a
+    GPU device to device): exact bytes, a placeholder answer `write` skips, padded outputs cut to each request's
+    length; an output too large for its sink fails that request only."""
+    from kiln.serve.config import Padding
+    from kiln.serve.shared_memory import InRegion
+
+    device = FakeDevice(out=4096)
+    registry = SharedMemoryRegistry(cuda=device)
+    registry.register_cuda("out", device.handle("out"), 0, 4096)
+    engine = _TwoOutputs()
+    batcher = DynamicBatcher(engine, max_batch_size=16, max_queue_delay_s=0.05, name="sinks",
+                             padding=Padding(1, {"x": 0}, ["y", "z"]))
+    xs = [np.full((1, n, 3), i + 1, np.float32) for i, n in enumerate((2, 5, 3))]
+    refs = [{"y": TensorRef("out", 1024 * i, 1024)} for i in range(3)]
+    refs[1]["z"] = TensorRef("out", 3072, 256)
+    refs[2]["y"] = TensorRef("out", 2048, 8)  # too small for its 36 bytes
+
+    async def main():
+        calls = [batcher.submit({"x": x}, 1, sinks=registry.sinks(r)) for x, r in zip(xs, refs)]
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        await batcher.close()
+        return answers
+
+    first, second, third = asyncio.run(main())
+    assert engine.rows == [3]  # one batch, padded to length 5
+    assert isinstance(third, BadRequest) and "more than its shared memory byte size 8" in str(third)
+    for x, answer, ref in ((xs[0], first, refs[0]), (xs[1], second, refs[1])):
+        assert isinstance(answer["y"], InRegion) and answer["y"].shape == x.shape and answer["y"].dtype == np.float32
+        np.testing.assert_array_equal(_get(device.memory("out"), ref["y"].offset, np.float32, x.shape), x * 2 + 1)
+        registry.write("output 'y'", ref["y"], answer["y"])  # a placeholder: nothing written over the result
+        np.testing.assert_array_equal(_get(device.memory("out"), ref["y"].offset, np.float32, x.shape), x * 2 + 1)
+    assert isinstance(second["z"], InRegion) and second["z"].shape == (1, 5)
+    np.testing.assert_array_equal(_get(device.memory("out"), 3072, np.float32, (1, 5)), xs[1][:, :, 0])
+    assert not isinstance(first["z"], InRegion)  # not bound for a region: answered from the host, cut to length 2
+    np.testing.assert_array_equal(first["z"], xs[0][:, :, 0])
