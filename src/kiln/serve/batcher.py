@@ -17,9 +17,7 @@ import torch
 from kiln.errors import KilnError
 from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS as DEFAULT_GRAPHS
 from kiln.runtime.io import as_torch, upload
-from kiln.serve.dtypes import torch_to_numpy
 from kiln.serve.errors import BadRequest, InferenceFailed, ModelNotReady, QueueFull, RequestTimeout, ServeError
-from kiln.serve.shared_memory import in_region
 from kiln.serve.staging import Staging, gather, stageable
 
 
@@ -63,7 +61,6 @@ class Request:
     timer: asyncio.TimerHandle | None = None
     length: int | None = None
     timing: RequestTiming | None = None
-    sinks: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(eq=False)
@@ -194,10 +191,9 @@ class DynamicBatcher:
         return 0 if self._state is None else len(self._state.pending)
 
     async def submit(self, inputs: dict[str, np.ndarray], rows: int, timeout_s: float | None = None,
-                     timing: RequestTiming | None = None, sinks: dict[str, torch.Tensor] | None = None) -> dict:
+                     timing: RequestTiming | None = None) -> dict:
         """Queue one request (inputs already validated) and wait for exactly its rows of every output; `timing`
-        gets its queue wait and its batch's input assembly, engine and output split times. `sinks`: byte tensors
-        (CUDA shared memory) that named outputs are copied into; the answer holds `in_region` placeholders for them."""
+        gets its queue wait and its batch's input assembly, engine and output split times."""
         if self._closed:
             raise ModelNotReady(f"model {self.name!r} is unloading; no new requests are accepted")
         state = self._bind()
@@ -205,7 +201,7 @@ class DynamicBatcher:
             raise QueueFull(f"model {self.name!r}: the queue is full ({self.max_queue_size} requests waiting); "
                             "retry later", http_status=self.reject_status)
         key, length = self._key(inputs)
-        req = Request(inputs, rows, key, state.loop.create_future(), length=length, timing=timing, sinks=sinks)
+        req = Request(inputs, rows, key, state.loop.create_future(), length=length, timing=timing)
         if timeout_s:
             req.timer = state.loop.call_later(timeout_s, self._expire, state, req, timeout_s)
         req.future.add_done_callback(lambda _f: self._forget(state, req))
@@ -367,11 +363,7 @@ class DynamicBatcher:
                 t.queue_ns, t.infer_ns = waited, infer_ns
                 t.input_ns += input_ns
                 t.output_ns += output_ns
-            if r.future.done():
-                continue
-            if isinstance(answer, Exception):  # this request's own error (an output its sink cannot hold)
-                r.future.set_exception(answer)
-            else:
+            if not r.future.done():
                 r.future.set_result(answer)
 
     def run_each_context(self, feeds: dict) -> None:
@@ -446,26 +438,14 @@ class DynamicBatcher:
         assembling, ns running, ns splitting)."""
         start = time.perf_counter_ns()
         ctx = self._contexts.get()
-        drained: list = []
-
-        def drain(outputs: dict) -> set[str]:
-            got, device_only = self._drain(live, bucket, padded, outputs)
-            drained.extend(got)
-            return device_only
-
-        sinks = drain if any(r.sinks for r in live) else None
         try:
             feeds = self._assemble(live, padded, bucket, self._staging.get(id(ctx)))
             ran = time.perf_counter_ns()
-            outputs = _run_on_device(ctx, feeds, sinks) if self._on_cuda else _run_on_host(ctx, feeds, sinks)
+            outputs = _run_on_device(ctx, feeds) if self._on_cuda else _run_on_host(ctx, feeds)
         finally:
             self._contexts.put(ctx)
         done = time.perf_counter_ns()
-        if self.max_batch_size:
-            answers = self._split(live, outputs, bucket, padded, drained)
-        else:
-            got = drained[0] if drained else {}
-            answers = [got if isinstance(got, Exception) else {**outputs, **got}]
+        answers = self._split(live, outputs, bucket, padded) if self.max_batch_size else [outputs]
         return answers, ran - start, done - ran, time.perf_counter_ns() - done
 
     def _padded_length(self, live: list[Request], rows: int) -> int | None:
@@ -484,100 +464,53 @@ class DynamicBatcher:
         """The smallest batch bucket that holds `rows` and fits a profile at `length`; `rows` if none does."""
         return next((b for b in self.batch_buckets if b >= rows and self._fits(b, length)), rows)
 
-    def _split(self, live: list[Request], outputs: dict, rows: int, padded: int | None = None,
-               drained: list | None = None) -> list[dict | Exception]:
+    def _split(self, live: list[Request], outputs: dict, rows: int, padded: int | None = None) -> list[dict]:
         """Each request's rows of every output (`rows`: the batch's, pad rows included, which no one gets); after
-        padding, the padding outputs cut back to its own length. `drained` (from `_drain`): per request the outputs
-        it already got in its sinks, or its error."""
-        cut, axis = self._cut(outputs, rows, padded)
-        answers, at = [], 0
-        for i, r in enumerate(live):
-            got = drained[i] if drained else {}
-            if isinstance(got, Exception):
-                answers.append(got)
-            else:
-                answers.append({**{k: np.ascontiguousarray(self._part(r, at, v, k in cut, axis))
-                                   for k, v in outputs.items() if k not in got}, **got})
-            at += r.rows
-        return answers
-
-    def _cut(self, outputs: dict, rows: int, padded: int | None) -> tuple[set[str], int]:
-        """(the outputs cut back to each request's length after padding, the padding axis); InferenceFailed for an
-        output without the batch's rows or the padded length."""
+        padding, the padding outputs cut back to its own length."""
         for k, v in outputs.items():
-            if len(v.shape) == 0 or v.shape[0] != rows:
-                raise InferenceFailed(f"model {self.name!r}: output {k!r} of shape {list(v.shape)} has no batch dim "
-                                      f"of {rows}; set max_batch_size = 0 for this model")
+            if np.ndim(v) == 0 or v.shape[0] != rows:
+                raise InferenceFailed(f"model {self.name!r}: output {k!r} of shape {np.shape(v)} has no batch dim of "
+                                      f"{rows}; set max_batch_size = 0 for this model")
         cut = set(self.padding.outputs) & set(outputs) if padded is not None else set()
         axis = self.padding.axis if cut else 0
         for k in cut:
-            if len(outputs[k].shape) <= axis or outputs[k].shape[axis] != padded:
+            if outputs[k].ndim <= axis or outputs[k].shape[axis] != padded:
                 raise InferenceFailed(f"model {self.name!r}: output {k!r} of shape {list(outputs[k].shape)} does not "
                                       f"follow the padded length {padded} along axis {axis}; remove it from "
                                       "[dynamic_batching.padding] outputs")
-        return cut, axis
-
-    @staticmethod
-    def _part(r: Request, at: int, value, cut: bool, axis: int):
-        """Request `r`'s rows of an output (from row `at`), cut back to its length along `axis` if `cut`."""
-        part = value[at:at + r.rows]
-        return part[(slice(None),) * axis + (slice(0, r.length),)] if cut else part
-
-    def _drain(self, live: list[Request], rows: int, padded: int | None, outputs: dict) -> tuple[list, set[str]]:
-        """Copy each request's part of the outputs bound to its sinks into them (device to device on a GPU, before
-        the download); (per request: those outputs as `in_region` placeholders, or its error; the outputs that no
-        request needs on the host)."""
-        if not self.max_batch_size:
-            cut, axis = set(), 0
-        else:
-            cut, axis = self._cut(outputs, rows, padded)
-        drained, at = [], 0
+        answers, at = [], 0
         for r in live:
-            got: dict | Exception = {}
-            for name, sink in (r.sinks or {}).items():
-                part = self._part(r, at, outputs[name], name in cut, axis) if self.max_batch_size else outputs[name]
-                src = part if isinstance(part, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(part))
-                data = src.contiguous().view(-1).view(torch.uint8)
-                if data.numel() > sink.numel():
-                    got = BadRequest(f"model {self.name!r}: output {name!r} has {data.numel()} bytes, more than its "
-                                     f"shared memory byte size {sink.numel()}")
-                    break
-                sink[:data.numel()].copy_(data, non_blocking=True)
-                got[name] = in_region(torch_to_numpy(src.dtype), tuple(src.shape))
-            drained.append(got)
+            answer = {}
+            for k, v in outputs.items():
+                part = v[at:at + r.rows]
+                if k in cut:
+                    part = part[(slice(None),) * axis + (slice(0, r.length),)]
+                answer[k] = np.ascontiguousarray(part)
+            answers.append(answer)
             at += r.rows
-        needed = {n for n in outputs if not all(isinstance(d, dict) and n in d for d in drained)}
-        return drained, set(outputs) - needed
+        return answers
 
     def _report(self, record: BatchRecord) -> None:
         if self.on_batch is not None:
             self.on_batch(record)
 
 
-def _run_on_device(ctx, feeds: dict, drain: Callable[[dict], set[str]] | None = None) -> dict:
+def _run_on_device(ctx, feeds: dict) -> dict:
     """numpy feeds uploaded here and outputs downloaded here, so that a batch shape met before takes the context's
     replay fast path (no checks again); device tensors (CUDA shared memory) go in as they are; string and other
-    non-numeric feeds go the checked way. `drain` copies the requests' outputs bound for device memory there first
-    and names the outputs not to download."""
+    non-numeric feeds go the checked way."""
     if all(isinstance(v, torch.Tensor) for v in feeds.values()):
-        outputs = ctx.run(feeds)
-    elif not all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in feeds.values()):
-        outputs = ctx.run(feeds)
-        return outputs if drain is None else {k: v for k, v in outputs.items() if k not in drain(outputs)}
-    else:
-        device = ctx.engine.device.torch_device
-        outputs = ctx.run({k: upload(as_torch(k, v)[0], device) for k, v in feeds.items()})
-    skip = drain(outputs) if drain is not None else ()
-    return ctx.download({k: v for k, v in outputs.items() if k not in skip})  # waits for the copies too
+        return ctx.download(ctx.run(feeds))
+    if not all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in feeds.values()):
+        return ctx.run(feeds)
+    device = ctx.engine.device.torch_device
+    return ctx.download(ctx.run({k: upload(as_torch(k, v)[0], device) for k, v in feeds.items()}))
 
 
-def _run_on_host(ctx, feeds: dict, drain: Callable[[dict], set[str]] | None = None) -> dict:
-    """A CPU engine's outputs as numpy arrays (it answers tensor feeds with tensors); `drain` as `_run_on_device`."""
+def _run_on_host(ctx, feeds: dict) -> dict:
+    """A CPU engine's outputs as numpy arrays (it answers tensor feeds with tensors)."""
     outputs = ctx.run(feeds)
-    if any(isinstance(v, torch.Tensor) for v in feeds.values()):
-        outputs = ctx.download(outputs)
-    skip = drain(outputs) if drain is not None else ()
-    return {k: v for k, v in outputs.items() if k not in skip}
+    return ctx.download(outputs) if any(isinstance(v, torch.Tensor) for v in feeds.values()) else outputs
 
 
 def _dtype_key(value: np.ndarray | torch.Tensor) -> str:

@@ -53,9 +53,3 @@ def v2_to_config(name: str) -> str:
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
     """The torch dtype of a numeric numpy dtype (as torch.from_numpy maps it)."""
     return torch.from_numpy(np.empty(0, dtype)).dtype
-
-
-@functools.cache
-def torch_to_numpy(dtype: torch.dtype) -> np.dtype:
-    """The numpy dtype of a torch dtype that numpy has."""
-    return torch.empty(0, dtype=dtype).numpy().dtype

@@ -154,7 +154,7 @@ def encode_response(model, request_id: str, requested: list[str] | None, outputs
     of `shm_outputs` are written into shared memory instead (an empty raw entry and no parameters each, as Triton)."""
     response = service_pb2.ModelInferResponse(model_name=model.name, model_version=str(model.version), id=request_id)
     for name in requested or list(outputs):
-        array = np.asanyarray(outputs[name])  # keeps an `InRegion` placeholder one
+        array = np.asarray(outputs[name])
         response.outputs.add(name=name, datatype=numpy_to_v2(array.dtype), shape=list(array.shape))
         ref = shm_outputs.get(name) if shm_outputs else None
         if ref is None:
@@ -239,8 +239,7 @@ class KilnInferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         encode = functools.partial(encode_response, model, request.id, requested, shm_outputs=shm_outputs,
                                    shared_memory=self.shared_memory)
         return await model.infer(inputs, requested, timeout_s=timeout_s, start_ns=start,
-                                 decode_ns=time.perf_counter_ns() - start, encode=encode, shm_outputs=shm_outputs,
-                                 regions=self.shared_memory)
+                                 decode_ns=time.perf_counter_ns() - start, encode=encode, shm_outputs=shm_outputs)
 
     @_rpc
     async def ModelStatistics(self, request, context):

@@ -237,7 +237,7 @@ def encode_infer_parts(model_name: str, model_version: str, results: dict[str, n
         response["id"] = request_id
     outputs, blobs = [], []
     for name, binary in order:
-        array = np.asanyarray(results[name])  # keeps an `InRegion` placeholder one
+        array = np.asarray(results[name])
         entry: dict = {"name": name, "datatype": numpy_to_v2(array.dtype), "shape": list(array.shape)}
         if shm_outputs and name in shm_outputs:
             shared_memory.write(f"output '{name}'", shm_outputs[name], array)  # no parameters, as Triton answers:
@@ -415,7 +415,7 @@ class InferRoute:
 
         header, blobs = await unless_gone(request.receive, served.infer(
             parsed.inputs, requested, parsed.timeout_s, start_ns=start, decode_ns=time.perf_counter_ns() - decode_start,
-            encode=encode, shm_outputs=parsed.shm_outputs, regions=self.shared_memory))
+            encode=encode, shm_outputs=parsed.shm_outputs))
         return _PartsResponse(header, blobs)
 
 

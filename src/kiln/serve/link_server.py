@@ -106,15 +106,13 @@ class LinkServer:
             for name, region, offset, size, datatype, dtype, shape in h.get("regions", ()):
                 inputs[name] = self._shared().read(f"input '{name}'", TensorRef(region, offset, size), datatype, dtype,
                                                    shape)
-            refs = {k: TensorRef(*v) for k, v in (h.get("shm_outputs") or {}).items()}
             outputs = await model.infer(inputs, h.get("requested"), h.get("timeout"),
                                         start_ns=time.perf_counter_ns() - h.get("pre_ns", 0),
-                                        decode_ns=h.get("decode_ns", 0), shm_outputs=refs,
-                                        regions=self._shared() if refs else None)
+                                        decode_ns=h.get("decode_ns", 0))
             written = {}
-            for name, ref in refs.items():  # those in CUDA regions are there already (`InRegion`)
+            for name, (region, offset, size) in (h.get("shm_outputs") or {}).items():
                 array = outputs.pop(name)
-                self._shared().write(f"output '{name}'", ref, array)
+                self._shared().write(f"output '{name}'", TensorRef(region, offset, size), array)
                 written[name] = [array.dtype.str, list(array.shape)]
             if slot is not None:
                 entries, end = link.describe(outputs, h["end"])

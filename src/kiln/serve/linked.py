@@ -149,10 +149,9 @@ class LinkedModel:
     async def infer(self, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
                     timeout_s: float | None = None, *, start_ns: int | None = None, decode_ns: int = 0,
                     encode: Callable[[dict[str, np.ndarray]], Any] | None = None,
-                    shm_outputs: dict[str, TensorRef] | None = None, regions=None) -> Any:
+                    shm_outputs: dict[str, TensorRef] | None = None) -> Any:
         """Send one request to the engine process; its outputs (or `encode(outputs)`), or its ServeError. Inputs in
-        shared memory (`RegionInput`s) go as references, and the engine writes `shm_outputs` into their regions (the
-        engine's, not this front end's `regions`)."""
+        shared memory (`RegionInput`s) go as references, and the engine writes `shm_outputs` into their regions."""
         begin = time.perf_counter_ns()
         spec, lk = self.link.spec, self.link
         header = {"op": "infer", "model": self.name, "version": self.version, "requested": requested,

@@ -127,21 +127,18 @@ class ServedModel:
 
     async def infer(self, inputs: dict[str, np.ndarray], requested: list[str] | None = None,
                     timeout_s: float | None = None, *, start_ns: int | None = None, decode_ns: int = 0,
-                    encode: Callable[[dict[str, np.ndarray]], Any] | None = None, shm_outputs=None,
-                    regions=None) -> Any:
+                    encode: Callable[[dict[str, np.ndarray]], Any] | None = None, shm_outputs=None) -> Any:
         """Run one request: validated, queued, batched; returns this request's `requested` outputs (None: all), or
         `encode(outputs)`. A protocol handler passes its entry time `start_ns` and decode time `decode_ns`
         (perf_counter_ns) and its response encoder `encode`, so that the statistics cover the whole request.
-        `shm_outputs` (name → TensorRef) in CUDA regions of `regions` (the SharedMemoryRegistry) are copied there on
-        the device, and answered as `in_region` placeholders that `regions.write` skips."""
+        `shm_outputs` (outputs bound for shared memory) is for a front end's model: here `encode` writes them."""
         start = time.perf_counter_ns()
         begin, timing = start if start_ns is None else start_ns, RequestTiming()
         try:
             rows = self._validate(inputs, requested)
             timing.input_ns = decode_ns + time.perf_counter_ns() - start
             timeout = timeout_s if timeout_s is not None else self._default_timeout_s
-            sinks = regions.sinks(shm_outputs) if shm_outputs and regions is not None else None
-            outputs = await self.batcher.submit(dict(inputs), rows, timeout or None, timing, sinks or None)
+            outputs = await self.batcher.submit(dict(inputs), rows, timeout or None, timing)
             answered = time.perf_counter_ns()
             result = {k: outputs[k] for k in (requested if requested is not None else outputs)}
             if encode is not None:

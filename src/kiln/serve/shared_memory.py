@@ -233,17 +233,6 @@ class SharedMemoryRegistry:
         with self._lock:
             self._find(what, ref)
 
-    def sinks(self, refs: dict[str, TensorRef]) -> dict[str, torch.Tensor]:
-        """The device bytes of each output of `refs` bound for a CUDA region, for the batcher to copy the output into
-        on the device (outputs bound for system regions are written from the host by `write`)."""
-        out = {}
-        with self._lock:
-            for name, ref in refs.items():
-                region = self._find(f"output '{name}'", ref)
-                if region.kind == CUDA:
-                    out[name] = region.buffer[ref.offset:ref.offset + ref.byte_size]
-        return out
-
     def read(self, what: str, ref: TensorRef, datatype: str, dtype, shape: list[int]) -> np.ndarray | torch.Tensor:
         """The `shape` array of `dtype` at `ref`, whose byte size must be `ref.byte_size`: a numpy copy from a system
         region (little-endian), a device tensor viewing a CUDA region."""
@@ -252,10 +241,7 @@ class SharedMemoryRegistry:
             return self._find(what, ref).read(ref.offset, dtype, list(shape))
 
     def write(self, what: str, ref: TensorRef, array: np.ndarray) -> None:
-        """Write `array` (little-endian) at `ref`; BadRequest when it is larger than `ref.byte_size`. An `InRegion`
-        placeholder is there already (the batcher copied it on the device)."""
-        if isinstance(array, InRegion):
-            return
+        """Write `array` (little-endian) at `ref`; BadRequest when it is larger than `ref.byte_size`."""
         data = np.ascontiguousarray(array, np.asarray(array).dtype.newbyteorder("<")).reshape(-1).view(np.uint8)
         if data.size > ref.byte_size:
             raise BadRequest(f"{what}: {BYTE_SIZE} {ref.byte_size} is too small for the {data.size} bytes of the "
@@ -267,14 +253,6 @@ class SharedMemoryRegistry:
         """Unmap every region (the server is shutting down)."""
         for kind in (SYSTEM, CUDA):
             self.unregister(kind=kind)
-
-
-class InRegion(np.ndarray):
-    """An output already copied into its CUDA shared memory region: its dtype and shape only (`write` skips it)."""
-
-
-def in_region(dtype: np.dtype, shape: tuple[int, ...]) -> InRegion:
-    return np.broadcast_to(np.zeros((), dtype), shape).view(InRegion)
 
 
 def check_size(what: str, ref: TensorRef, datatype: str, dtype, shape: list[int]) -> np.dtype:
