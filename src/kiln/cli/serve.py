@@ -68,10 +68,11 @@ def serve(
     shared_memory: Annotated[bool, typer.Option(
         "--shared-memory", help="Serve Triton's system and CUDA shared memory extensions (HTTP and gRPC): clients "
                                 "register POSIX shared memory objects (/dev/shm) or, on a GPU server, device "
-                                "allocations by CUDA IPC handle (needs cuda-python), and pass tensors through them "
-                                "instead of the socket; inputs in CUDA regions are batched on the GPU, never copied "
-                                "to the host. Off by default, as Triton's --allow-client-shm: a client may then map "
-                                "and read or write any shared memory object this server's user can open.")] = False,
+                                "allocations by CUDA IPC handle (pip install 'kiln[serve-cuda]'), and pass tensors "
+                                "through them instead of the socket; inputs in CUDA regions are batched on the GPU, "
+                                "never copied to the host. Off by default, as Triton's --allow-client-shm: a client "
+                                "may then map and read or write any shared memory object this server's user can "
+                                "open.")] = False,
     ray: Annotated[bool, typer.Option(
         "--ray", help="Scale out with Ray Serve: replicas that each load every model serve the v2 HTTP routes on "
                       "--http-port through Ray's proxy (HTTP only: no gRPC nor --metrics-port; each reply names its "

@@ -1,6 +1,6 @@
 """Triton's CUDA shared memory: a client's CUDA IPC handle (the 64 bytes of a cudaIpcMemHandle_t) opened as a torch
 byte tensor over the device allocation it names, so that requests read their inputs where the client wrote them.
-Uses NVIDIA's cuda-bindings (`pip install cuda-python`), imported on first use."""
+Uses NVIDIA's cuda-bindings (`pip install 'kiln[serve-cuda]'`), imported on first use."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _bindings():
         from cuda.bindings import driver, runtime
     except ImportError:
         raise Unsupported("CUDA shared memory needs NVIDIA's cuda-bindings package on the server: "
-                          "pip install cuda-python") from None
+                          "pip install 'kiln[serve-cuda]' (or cuda-python)") from None
     return driver, runtime
 
 
