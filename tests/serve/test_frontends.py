@@ -287,3 +287,30 @@ def test_frontends_serve_system_shared_memory(repo):
             assert grpcclient.InferenceServerClient(grpc_url).get_system_shared_memory_status(as_json=True) == {}
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_a_front_end_still_waiting_for_its_engine_stops_on_sigterm(repo, tmp_path):
+    """A front end connects to the engine process after starting (the engine may be building models); if the engine
+    is gone by then (killed while this front end started, as under CPU load), SIGTERM must still stop it at once."""
+    import os
+    import time
+
+    fd = memfd("test-link", 4096)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kiln", "serve", str(repo), "--device", "cpu", "--http-port",
+                                 "-1", "--grpc-port", "-1", "--metrics-port", "-1", "--worker-index", "1", "--link",
+                                 str(tmp_path / "no-engine.sock"), "--link-fds", str(fd), "--frontend-index", "0"],
+                                pass_fds=[fd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(4)  # imported and waiting for the engine's socket
+        assert proc.poll() is None
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail("the front end did not stop on SIGTERM while waiting for its engine")
+        assert time.monotonic() - start < 10 and "Traceback" not in proc.stderr.read()
+    finally:
+        os.close(fd)

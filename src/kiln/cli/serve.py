@@ -449,7 +449,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         loop.add_signal_handler(sig, stop.set)
     servers, sockets, grpc_server, publishing = [], [], None, None
     try:
-        await _maybe_await(repo.start(load_all=True))
+        if not await _started(repo, stop):
+            return  # stopped before the models were up (a front end still waiting for a killed engine process)
         publishing = _publish_statistics(repo, shared_stats)
         if link is not None and link.frontend is None:
             from kiln.serve.link_server import LinkServer
@@ -522,6 +523,25 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     event(f"{who}stopped", event="stopped")
+
+
+async def _started(repo, stop) -> bool:
+    """Start `repo` unless the server is told to stop first (SIGTERM while a front end waits for its engine process,
+    which may have been killed meanwhile); whether it started."""
+    import asyncio
+    import contextlib
+
+    starting = asyncio.ensure_future(_maybe_await(repo.start(load_all=True)))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if starting.done():
+        stopping.cancel()
+        starting.result()  # a failure to start is raised here
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False
 
 
 def _parse_autoscale(spec: str) -> tuple[int, int]:
