@@ -637,8 +637,8 @@ class Probe:
     def load(self, model: str, feeds: dict, concurrency: int, *, duration: float | None = None,
              requests: int | None = None, shared_memory: str = "none", protocol: str = "grpc") -> dict:
         """`concurrency` batch-1 clients over the client processes; combined report + server statistics delta.
-        `shared_memory` "system": tensors pass through the clients' POSIX shared memory regions; `protocol` grpc or
-        http (binary tensors)."""
+        `shared_memory` "system" / "cuda": tensors pass through the clients' POSIX / GPU shared memory regions;
+        `protocol` grpc or http (binary tensors)."""
         per = split(concurrency, self.args.clients)
         url = self.server.url if protocol == "grpc" else self.server.http_url
         jobs = [{"kind": "fixed", "url": url, "model": model, "feeds": feeds, "concurrency": c, "protocol": protocol,
@@ -864,7 +864,8 @@ class Probe:
                             self.part(name, lambda k=key, p=proto: self.throughput(k, protocol=p),
                                       need_s=a.duration + a.warmup_seconds + 10)
                         if a.shared_memory:
-                            self.part(f"c{a.concurrency} {key} shm", lambda k=key: self.throughput(k, "system"),
+                            self.part(f"c{a.concurrency} {key} shm",
+                                      lambda k=key: self.throughput(k, a.client_shared_memory),
                                       need_s=a.duration + a.warmup_seconds + 10)
                 if a.perf_analyzer:
                     for key in ("resnet50", "bert"):
@@ -1073,6 +1074,8 @@ def main() -> None:
     ap.add_argument("--perf-analyzer", type=Path, default=None,
                     help="NVIDIA perf_analyzer binary (tritonclient's wheel): also load the server with it")
     ap.add_argument("--perf-analyzer-args", default="", help="more perf_analyzer options, e.g. '--async'")
+    ap.add_argument("--client-shared-memory", default="system", choices=("system", "cuda"),
+                    help="what the Python clients' shared memory run uses (with --shared-memory)")
     ap.add_argument("--perf-analyzer-shm", type=lambda v: v.split(","), default=["none"],
                     help="perf_analyzer runs once per listed --shared-memory kind (none, system, cuda); any but none "
                          "needs --shared-memory (the server's flag)")

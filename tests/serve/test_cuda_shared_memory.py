@@ -331,6 +331,14 @@ def test_gpu_server_batches_inputs_from_cuda_regions(tmp_path, protocol, fronten
             assert max(sizes) > rows, sizes  # requests merged into batches
             client.unregister_cuda_shared_memory()
             assert "shared memory (system and cuda): on" in log.read_text()
+            if not frontends:  # kiln loadgen's client threads, each with its own CUDA regions
+                from kiln.cli.loadgen import run_load
+
+                report = run_load(target, "affine", {"x": xs[0]}, protocol=protocol, concurrency=3, requests=30,
+                                  shared_memory="cuda")
+                assert report["succeeded"] == 30 and report["failed"] == 0, report["error_examples"]
+                assert (client.get_cuda_shared_memory_status(as_json=True) if protocol == "grpc" else
+                        client.get_cuda_shared_memory_status()) in ([], {})  # loadgen unregistered its regions
     finally:
         for region in regions:
             cudashm.destroy_shared_memory_region(region)

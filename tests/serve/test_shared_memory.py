@@ -11,6 +11,7 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
 from test_http import affine_repository, serving
 
 from kiln.serve.errors import AlreadyExists, BadRequest, RegionNotFound
@@ -311,8 +312,11 @@ def test_loadgen_shared_memory_needs_this_machine():
     result = CliRunner().invoke(app, ["loadgen", "10.0.0.7:8001", MODEL, "-n", "1", "--allow-remote",
                                       "--shared-memory", "system"])
     assert result.exit_code != 0 and "needs a server on this machine" in result.stderr
-    result = CliRunner().invoke(app, ["loadgen", "127.0.0.1:1", MODEL, "-n", "1", "--shared-memory", "cuda"])
-    assert result.exit_code != 0 and "none, system" in result.stderr
+    result = CliRunner().invoke(app, ["loadgen", "127.0.0.1:1", MODEL, "-n", "1", "--shared-memory", "gpu"])
+    assert result.exit_code != 0 and "none, system, cuda" in result.stderr
+    if not torch.cuda.is_available():  # refused before any request, saying why
+        result = CliRunner().invoke(app, ["loadgen", "127.0.0.1:1", MODEL, "-n", "1", "--shared-memory", "cuda"])
+        assert result.exit_code != 0 and "--shared-memory cuda needs" in result.stderr, result.stderr
 
 
 def test_cuda_shared_memory_needs_a_gpu_server(client):

@@ -1,6 +1,6 @@
 """`kiln loadgen URL MODEL`: drive a kiln (or any KServe v2) server at a fixed concurrency with tritonclient and
-report throughput, latency percentiles and errors by status; with `--shared-memory system` tensors go through POSIX
-shared memory (Triton's extension) instead of the socket."""
+report throughput, latency percentiles and errors by status; with `--shared-memory system` (or `cuda`) tensors go
+through POSIX (or GPU) shared memory, Triton's extensions, instead of the socket."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ MAX_REQUESTS = 10**6
 MAX_DURATION_S = 3600.0
 MAX_CONCURRENCY = 1024
 PROTOCOLS = ("http", "grpc")
-SHARED_MEMORY = ("none", "system")
+SHARED_MEMORY = ("none", "system", "cuda")
 
 
 @command
@@ -40,9 +40,10 @@ def loadgen(
                                                       help="Send requests for this many seconds, then stop.")] = None,
     protocol: Annotated[str, typer.Option("--protocol", help="http or grpc.")] = "http",
     shared_memory: Annotated[str, typer.Option(
-        "--shared-memory", help="none, or system: each client thread passes its inputs and outputs through its own "
-                                "POSIX shared memory regions (the server must run `kiln serve --shared-memory` on "
-                                "this machine).")] = "none",
+        "--shared-memory", help="none; system: each client thread passes its inputs and outputs through its own "
+                                "POSIX shared memory regions; cuda: through its own regions of GPU 0's memory "
+                                "(needs cuda-python). The server must run `kiln serve --shared-memory` on this "
+                                "machine (on a GPU for cuda).")] = "none",
     inputs: Annotated[Optional[list[str]], typer.Option(
         "--input", "-i", help="name=file.npy: send this array as that input; repeatable. Inputs not given are "
                               "random, of the --shape or the model's shape (-1 dims as 1).")] = None,
@@ -70,7 +71,9 @@ def loadgen(
         raise ConfigError(f"--shared-memory must be one of {', '.join(SHARED_MEMORY)}, got {shared_memory!r}")
     target = check_url(url, allow_remote)
     if shared_memory != "none" and not is_loopback(host_of(target)):
-        raise ConfigError("--shared-memory system needs a server on this machine (a loopback address)")
+        raise ConfigError(f"--shared-memory {shared_memory} needs a server on this machine (a loopback address)")
+    if shared_memory != "none":
+        _shm_utils(shared_memory)
     feeds = model_inputs(target, model, model_version, protocol, inputs or [], parse_shapes(shape, "--shape"), seed,
                          timeout)
     report = run_load(target, model, feeds, protocol=protocol, concurrency=concurrency, requests=requests,
@@ -80,7 +83,7 @@ def loadgen(
     else:
         lat = report["latency_ms"]
         ms = (lambda v: "-" if v is None else f"{v:.2f} ms")  # noqa: E731
-        via = f"{protocol}, tensors in system shared memory" if shared_memory != "none" else protocol
+        via = f"{protocol}, tensors in {shared_memory} shared memory" if shared_memory != "none" else protocol
         rows = [("model", f"{model} at {target} ({via})"), ("concurrency", concurrency),
                 ("requests", f"{report['requests']} ({report['succeeded']} succeeded, {report['failed']} failed)"),
                 ("duration", f"{report['duration_s']:.2f} s"),
@@ -230,22 +233,30 @@ def _socket_inputs(module, protocol: str, feeds: dict) -> list:
 
 
 class _Regions:
-    """One client thread's input and output shared memory regions: made, filled and registered; `close()` undoes."""
+    """One client thread's input and output shared memory regions (`memory`: system, or cuda on GPU 0): made, filled
+    and registered; `close()` undoes."""
 
-    def __init__(self, client, module, tag: str, feeds: dict, out_sizes: dict):
-        from tritonclient.utils import shared_memory as shm
-
+    def __init__(self, client, module, tag: str, feeds: dict, out_sizes: dict, memory: str = "system"):
         from kiln.serve.dtypes import numpy_to_v2
 
-        self.client, self.shm, self.handles, self.names = client, shm, [], []
+        self.client, self.memory, self.handles, self.names = client, memory, [], []
+        self.shm = _shm_utils(memory)
         self.inputs, self.outputs = [], []
         for kind, sizes in (("in", {n: v.nbytes for n, v in feeds.items()}), ("out", out_sizes)):
             name = f"{tag}_{kind}"
             total = max(sum(sizes.values()), 1)
-            self.handles.append(shm.create_shared_memory_region(name, f"/{name}", total, create_only=True))
+            if memory == "cuda":
+                self.handles.append(self.shm.create_shared_memory_region(name, total, 0))
+            else:
+                self.handles.append(self.shm.create_shared_memory_region(name, f"/{name}", total, create_only=True))
             if kind == "in":
-                shm.set_shared_memory_region(self.handles[-1], list(feeds.values()))
-            client.register_system_shared_memory(name, f"/{name}", total)
+                self.shm.set_shared_memory_region(self.handles[-1], list(feeds.values()))
+            if memory == "cuda":  # the HTTP client sends the handle in JSON: a str; gRPC decodes the base64 bytes
+                raw = self.shm.get_raw_handle(self.handles[-1])
+                client.register_cuda_shared_memory(name, raw if module.__name__.endswith("grpc") else raw.decode(),
+                                                   0, total)
+            else:
+                client.register_system_shared_memory(name, f"/{name}", total)
             self.names.append(name)
             offset = 0
             for tensor, size in sizes.items():
@@ -260,13 +271,32 @@ class _Regions:
                 offset += size
 
     def close(self) -> None:
+        unregister = (self.client.unregister_cuda_shared_memory if self.memory == "cuda"
+                      else self.client.unregister_system_shared_memory)
         for name in self.names:
             try:
-                self.client.unregister_system_shared_memory(name)
+                unregister(name)
             except Exception:  # noqa: BLE001 (the server may be gone; the objects are removed below anyway)
                 pass
         for handle in self.handles:
             self.shm.destroy_shared_memory_region(handle)
+
+
+def _shm_utils(memory: str):
+    """tritonclient's shared memory utilities for `memory` (system or cuda); ConfigError when this machine cannot."""
+    if memory == "system":
+        from tritonclient.utils import shared_memory
+
+        return shared_memory
+    try:
+        import tritonclient.utils.cuda_shared_memory as cuda_shared_memory
+    except (ImportError, RuntimeError) as e:  # tritonclient raises RuntimeError without cuda-python
+        raise ConfigError(f"--shared-memory cuda needs cuda-python on this machine ({e})") from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("--shared-memory cuda needs a CUDA GPU on this machine; use --shared-memory system")
+    return cuda_shared_memory
 
 
 def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol: str = "http", concurrency: int = 1,
@@ -274,7 +304,7 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
              timeout_s: float = 60.0, shared_memory: str = "none") -> dict:
     """Send `feeds` to `model` from `concurrency` threads (one client each) until `requests` were sent or
     `duration_s` passed; the report as a dict (latencies of the successful requests, in ms). `shared_memory`
-    "system": each thread passes its tensors through its own POSIX shared memory regions."""
+    "system" / "cuda": each thread passes its tensors through its own POSIX / GPU 0 shared memory regions."""
     import numpy as np
 
     if shared_memory not in SHARED_MEMORY:
@@ -286,7 +316,9 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
     if duration_s is not None and not 0 < duration_s <= MAX_DURATION_S:
         raise ConfigError(f"duration must be in (0, {MAX_DURATION_S:.0f}] seconds, got {duration_s}")
     module, _ = _modules(protocol)
-    out_sizes = (_output_sizes(protocol, target, model, feeds, version, timeout_s) if shared_memory == "system"
+    if shared_memory != "none":
+        _shm_utils(shared_memory)  # a ConfigError now, not one error per request, when the client cannot
+    out_sizes = (_output_sizes(protocol, target, model, feeds, version, timeout_s) if shared_memory != "none"
                  else None)
     tag = f"kiln_loadgen_{os.getpid()}_{uuid.uuid4().hex[:8]}"  # this run's region names and /dev/shm keys
     lock = threading.Lock()
@@ -317,7 +349,7 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
         try:
             if out_sizes is not None:
                 try:
-                    regions = _Regions(client, module, f"{tag}_{i}", feeds, out_sizes)
+                    regions = _Regions(client, module, f"{tag}_{i}", feeds, out_sizes, shared_memory)
                 except Exception as e:  # noqa: BLE001 (as above: e.g. a server without shared memory)
                     while take():
                         record(None, e)
