@@ -191,6 +191,46 @@ def test_region_views_are_batched_and_split_exactly():
     assert sorted(engine.rows) == [2, 6]  # the three views in one batch, the host request in its own
 
 
+def test_requests_mixing_region_views_and_host_arrays_are_batched():
+    """One input in a CUDA region, another sent over the socket: such requests merge, the view batched as a tensor
+    and the array on the host, and each gets exactly its rows (a lone request's view goes to the engine as it is)."""
+    device = FakeDevice(a=1024)
+    registry = SharedMemoryRegistry(cuda=device)
+    registry.register_cuda("in", device.handle("a"), 0, 1024)
+    seen = []
+
+    class Engine:
+        def create_context(self, **options):
+            return self
+
+        def run(self, feeds):
+            seen.append({k: type(v).__name__ for k, v in feeds.items()})
+            return {"y": torch.as_tensor(feeds["a"]) * 2 + torch.as_tensor(feeds["b"])}
+
+        def download(self, outputs):
+            return {k: v.numpy() for k, v in outputs.items()}
+
+    batcher = DynamicBatcher(Engine(), max_batch_size=16, max_queue_delay_s=0.05, name="mixed")
+    requests = []
+    for i, rows in enumerate((2, 1, 3)):
+        a = np.full((rows, 4), i, np.float32)
+        _put(device.memory("a"), 256 * i, a)
+        view = registry.read("input 'a'", TensorRef("in", 256 * i, a.nbytes), "FP32", np.float32, [rows, 4])
+        requests.append((a, view, np.full((rows, 4), 10 * i, np.float32)))
+
+    async def main():
+        merged = await asyncio.gather(*(batcher.submit({"a": v, "b": b}, len(b)) for _, v, b in requests))
+        alone = await batcher.submit({"a": requests[0][1], "b": requests[0][2]}, 2)
+        await batcher.close()
+        return merged, alone
+
+    merged, alone = asyncio.run(main())
+    for (a, _, b), answer in zip(requests, merged):
+        np.testing.assert_array_equal(answer["y"], a * 2 + b)
+    np.testing.assert_array_equal(alone["y"], requests[0][0] * 2 + requests[0][2])
+    assert seen == [{"a": "Tensor", "b": "ndarray"}] * 2  # one merged batch, then the lone request
+
+
 def test_a_view_of_the_wrong_dtype_is_refused():
     from kiln.serve.config import ModelConfig, TensorConfig
     from kiln.serve.model import ServedModel

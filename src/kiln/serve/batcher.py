@@ -382,26 +382,28 @@ class DynamicBatcher:
                   staging: Staging | None) -> dict[str, np.ndarray | torch.Tensor]:
         """The batch's feeds: each request's inputs copied into its rows (right-padded to `padded`), then the last row
         repeated up to `bucket` rows; in `staging`'s block where given (numeric inputs), else in new arrays. Inputs
-        that are tensors (views of CUDA shared memory) are batched in new tensors on their device."""
+        that are tensors (views of CUDA shared memory) are batched in new tensors on their device, or go as they are
+        when there is nothing to merge or pad."""
         first = live[0].inputs
         rows = sum(r.rows for r in live)
-        tensors = isinstance(next(iter(first.values())), torch.Tensor)
-        if tensors or not all(stageable(v.dtype) for v in first.values()):
+        device = {k for k, v in first.items() if isinstance(v, torch.Tensor)}
+        if not all(stageable(v.dtype) for k, v in first.items() if k not in device):
             staging = None
-        if staging is None and len(live) == 1 and (not self.max_batch_size or bucket == rows and padded is None):
-            return {k: v if tensors else _writable(v) for k, v in first.items()}  # nothing to merge or pad
+        alone = len(live) == 1 and (not self.max_batch_size or bucket == rows and padded is None)
+        if alone and staging is None:
+            return {k: v if k in device else _writable(v) for k, v in first.items()}  # nothing to merge or pad
         specs = {k: (self._batch_shape(k, v, padded, bucket), v.dtype) for k, v in first.items()}
-        if staging:
-            feeds = staging.arrays(specs)
-        elif tensors:
-            feeds = {k: torch.empty(s, dtype=d, device=first[k].device) for k, (s, d) in specs.items()}
-        else:
-            feeds = {k: np.empty(s, d) for k, (s, d) in specs.items()}
+        host = {k: spec for k, spec in specs.items() if k not in device}
+        feeds = staging.arrays(host) if staging else {k: np.empty(s, d) for k, (s, d) in host.items()}
+        for k in device:
+            feeds[k] = first[k] if alone else torch.empty(specs[k][0], dtype=specs[k][1], device=first[k].device)
         for k, dest in feeds.items():
+            if k in device and alone:
+                continue  # the request's own view
             if not self.max_batch_size:
                 dest[...] = first[k]
                 continue
-            if padded is None and tensors:
+            if padded is None and k in device:
                 torch.cat([r.inputs[k] for r in live], out=dest[:rows])
             elif padded is None:
                 gather([r.inputs[k] for r in live], dest)
@@ -499,12 +501,12 @@ def _run_on_device(ctx, feeds: dict) -> dict:
     """numpy feeds uploaded here and outputs downloaded here, so that a batch shape met before takes the context's
     replay fast path (no checks again); device tensors (CUDA shared memory) go in as they are; string and other
     non-numeric feeds go the checked way."""
-    if all(isinstance(v, torch.Tensor) for v in feeds.values()):
-        return ctx.download(ctx.run(feeds))
-    if not all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in feeds.values()):
+    if not all(isinstance(v, torch.Tensor) or isinstance(v, np.ndarray) and v.dtype.kind in "biuf"
+               for v in feeds.values()):
         return ctx.run(feeds)
     device = ctx.engine.device.torch_device
-    return ctx.download(ctx.run({k: upload(as_torch(k, v)[0], device) for k, v in feeds.items()}))
+    return ctx.download(ctx.run({k: v if isinstance(v, torch.Tensor) else upload(as_torch(k, v)[0], device)
+                                 for k, v in feeds.items()}))
 
 
 def _run_on_host(ctx, feeds: dict) -> dict:
