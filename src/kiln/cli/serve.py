@@ -12,6 +12,7 @@ import typer
 
 from kiln.cli.errors import command
 from kiln.cli.options import Device, Policy, Verbose
+from kiln.serve.config import INLINE_US
 from kiln.serve.ray_app import DEFAULT_TARGET_ONGOING  # a constant: kiln.serve.ray_app imports Ray only when used
 
 GRACE_S = 30.0
@@ -104,6 +105,11 @@ def serve(
         "--host-threads", min=0, help="torch's CPU threads in each server process; 0: one when the models run on a "
                                       "GPU (the host only copies batches, and a thread team stalls on a loaded "
                                       "machine), torch's default on the CPU.")] = 0,
+    inline_us: Annotated[int, typer.Option(
+        "--inline-us", min=0, help="A lone request (nothing else queued or running for its model) runs on the event "
+                                   "loop instead of an engine thread, saving two thread hand-offs (0.1-0.2 ms), when "
+                                   "its shape's last lone run took at most this many microseconds; a shape's first "
+                                   "run always takes a thread. 0: always a thread.")] = INLINE_US,
     log_format: Annotated[str, typer.Option(
         "--log-format", help="Server logs on stderr: text ('kiln serve: ...') or json (one object per line: time, "
                              "level, logger, message, event fields).")] = "text",
@@ -171,7 +177,8 @@ def serve(
                               "regions): each worker would keep its own regions, and a client's connections may "
                               "reach different workers")
         argv = ["--device", device, "--policy", policy, "--max-body-bytes", str(max_body_bytes), "--loop", loop,
-                "--gil-switch-us", str(gil_switch_us), "--host-threads", str(host_threads), "--log-format", log_format]
+                "--gil-switch-us", str(gil_switch_us), "--host-threads", str(host_threads), "--log-format", log_format,
+                "--inline-us", str(inline_us)]
         argv += ["--log-requests"] * log_requests + ["--verbose"] * verbose + ["--shared-memory"] * shared_memory
         if frontends:
             raise typer.Exit(_serve_frontends(repository, host, http_port, grpc_port, metrics_port, frontends, argv))
@@ -191,7 +198,7 @@ def serve(
 
         link = LinkSpec(link_path, tuple(int(fd) for fd in (link_fds or "").split(",") if fd), frontend=frontend_index)
     main = _serve(repository, host, http_port, grpc_port, metrics_port, device, policy, max_body_bytes, shared_memory,
-                  worker, link)
+                  worker, link, inline_us)
     (uvloop.run if uvloop is not None and loop != "asyncio" else asyncio.run)(main)
 
 
@@ -403,7 +410,8 @@ def _supervise(root: Path, host: str, children: list[tuple[list[str], list[int]]
 
 
 async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_port: int, device: str, policy: str,
-                 max_body_bytes: int, shared_memory: bool = False, worker: Worker | None = None, link=None) -> None:
+                 max_body_bytes: int, shared_memory: bool = False, worker: Worker | None = None, link=None,
+                 inline_us: int = INLINE_US) -> None:
     """The server's one process (or one worker, or with `link` the engine or a front end of --frontends)."""
     import asyncio
     import contextlib
@@ -438,7 +446,7 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
         if regions is not None:  # the engine process keeps the regions, for every front end
             regions = LinkedRegions(repo, cuda="cuda_shared_memory" in regions.extensions)
     else:
-        repo = ModelRepository(root, device=device, policy=policy, metrics=metrics,
+        repo = ModelRepository(root, device=device, policy=policy, metrics=metrics, inline_us=inline_us,
                                control=None if worker is None else "this server runs several workers (--workers), "
                                                                    "each with its own models; serve with --workers 1 "
                                                                    "to load and unload")

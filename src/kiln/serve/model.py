@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kiln.serve.batcher import BatchRecord, DynamicBatcher, RequestTiming
-from kiln.serve.config import ModelConfig
+from kiln.serve.config import INLINE_US, ModelConfig
 from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY, torch_dtype
 from kiln.serve.errors import BadRequest, ServeError
 from kiln.errors import KilnError
@@ -75,6 +75,7 @@ class ServedModel:
     metrics: Metrics = field(default_factory=Metrics)
     stats: Stats = field(default_factory=Stats)
     versions: list[str] = field(default_factory=list)  # every loaded version of the model (set by the repository)
+    inline_us: int = INLINE_US  # lone requests whose shape last ran within this many µs run on the event loop
 
     def __post_init__(self):
         cfg, db = self.config, self.config.dynamic_batching
@@ -86,7 +87,8 @@ class ServedModel:
             max_queue_size=db.max_queue_size if db else 0, reject_status=db.reject_status if db else 503,
             instance_count=cfg.instance_count, on_batch=self._on_batch, name=self.name, padding=padding,
             padding_limits=_padding_limits(self.engine, padding) if padding is not None else [],
-            batch_buckets=_batch_buckets(self.engine, cfg), length_multiple=_length_multiple(self.engine, padding))
+            batch_buckets=_batch_buckets(self.engine, cfg), length_multiple=_length_multiple(self.engine, padding),
+            inline_s=self.inline_us / 1e6)
         self._default_timeout_s = db.default_timeout_microseconds / 1e6 if db else 0.0
         batch = [-1] if cfg.max_batch_size else []
         self._input_spec = {t.name: (V2_TO_NUMPY[t.data_type], t.data_type, batch + list(t.dims)) for t in cfg.input}

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.serve.config import DEFAULT_MAX_BATCH_SIZE, ModelConfig, VersionPolicy, version_folders
+from kiln.serve.config import DEFAULT_MAX_BATCH_SIZE, INLINE_US, ModelConfig, VersionPolicy, version_folders
 from kiln.serve.errors import BadRequest, ModelLoadError, ModelNotFound, ModelNotReady, Unsupported
 from kiln.serve.metrics import Metrics
 from kiln.serve.model import ServedModel
@@ -27,14 +27,15 @@ class Entry:
 
 class ModelRepository:
     """Loads, serves and unloads the models under `root`, each at the versions its version_policy selects (default:
-    the newest); a model (or version) that fails to load never takes the others down."""
+    the newest); a model (or version) that fails to load never takes the others down. `inline_us`: see
+    `DynamicBatcher.inline_s`."""
 
     def __init__(self, root: str | Path, *, device: str = "auto", policy: str = "strict",
-                 metrics: Metrics | None = None, control: str | None = None):
+                 metrics: Metrics | None = None, control: str | None = None, inline_us: int = INLINE_US):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise ModelNotFound(f"model repository {str(root)!r} is not a folder")
-        self.device, self.policy = device, policy
+        self.device, self.policy, self.inline_us = device, policy, inline_us
         self.control_off = control  # why the load / unload API is refused (None: it is served)
         self.metrics = metrics if metrics is not None else Metrics()
         self._entries: dict[str, dict[str, Entry]] = {}  # model → version → entry, versions ascending
@@ -204,7 +205,7 @@ class ModelRepository:
         """Load (or build and cache) the engine of one version and wrap it with its completed config."""
         engine = self._engine(vdir, cfg if cfg is not None else ModelConfig(folder.name))
         cfg = cfg.complete(engine) if cfg is not None else ModelConfig.auto(folder.name, engine)
-        return ServedModel(folder.name, version, cfg, engine, self.metrics)
+        return ServedModel(folder.name, version, cfg, engine, self.metrics, inline_us=self.inline_us)
 
     def _engine(self, vdir: Path, cfg: ModelConfig):
         """Load `model.plan`, else build `model.onnx` with the config's precision and profiles, caching the plan."""
