@@ -810,20 +810,22 @@ class Probe:
         w = self.load("minilm", feeds, a.concurrency, requests=warm)
         rate = w["infer_per_s"]
         sample("after warm-up", warm)
-        seconds = min(a.memory_seconds, self.budget.left - 30) - 10 * 0.5  # less each chunk's start-up
-        total = a.memory_requests
-        capped = None
-        if total / max(rate, 1e-9) > seconds:
-            capped, total = total, max(10 * a.concurrency, int(rate * seconds) // 10 * 10)
-            self.budget.log(f"memory: {rate:.0f} req/s measured: {capped} requests would take "
-                            f"{capped / rate:.0f} s; sending {total}")
-        chunk = split(total, 10)
-        sent, runs = 0, []
-        for i, n in enumerate(chunk):
+        # the warm-up's rate includes first calls and graph captures: each chunk is sent while the rate of the one
+        # before says it ends in time
+        deadline = time.monotonic() + min(a.memory_seconds, self.budget.left - 30)
+        sent, runs, capped = 0, [], None
+        for i, n in enumerate(split(a.memory_requests, 10)):
+            if time.monotonic() + n / max(rate, 1e-9) + 0.5 > deadline:
+                capped = a.memory_requests
+                self.budget.log(f"memory: {rate:.0f} req/s: the next {n} requests would overrun "
+                                f"--memory-seconds; stopping at {sent}")
+                break
             r = self.load("minilm", feeds, a.concurrency, requests=n)
             sent += n
+            rate = r["infer_per_s"]
             runs.append({k: r[k] for k in ("requests", "succeeded", "failed", "infer_per_s", "p50_ms", "p99_ms")})
             sample(f"{(i + 1) * 10}%", sent)
+        total = sent
         rss = [s["rss_mb"] for s in samples]
         out = {"requests_used": total, "requests_asked": a.memory_requests, "capped_from": capped, "seq": seq,
                "warm_up_requests": warm, "warm_up_rate_per_s": rate, "samples": samples, "chunks": runs,

@@ -85,3 +85,21 @@ def test_a_request_arriving_while_a_batch_runs_on_a_thread_is_not_inlined():
 
     _serve(batcher, work)
     assert threading.main_thread() not in engine.threads
+
+
+def test_requests_arriving_faster_than_a_lone_run_keep_it_off_the_loop():
+    from kiln.serve.batcher import _LoopState
+
+    async def main():
+        batcher = DynamicBatcher(_Engine(), max_batch_size=8, inline_s=0.01)
+        state, lone = _LoopState(asyncio.get_running_loop()), ("key", None, 1)
+        batcher._lone_ns[lone] = 1_000_000  # the shape's lone run took 1 ms
+        batcher._gap_ns = 2_000_000  # a request every 2 ms: none would wait on the loop
+        assert batcher._inline(state, lone)
+        batcher._gap_ns = 500_000  # every 0.5 ms: two would arrive during the run
+        assert not batcher._inline(state, lone)
+        batcher._gap_ns, batcher.inline_s = 2e7, 0.0005  # slow arrivals, but the run is over the limit
+        assert not batcher._inline(state, lone)
+        await batcher.close()
+
+    asyncio.run(main())

@@ -156,8 +156,9 @@ class DynamicBatcher:
     positions are dropped from the answers.
 
     `inline_s`: a lone request runs on the event loop itself, skipping the two thread hand-offs (0.1-0.2 ms), when
-    nothing else is queued or running and its shape's last lone run took at most this long (0: never). A shape's
-    first run always goes to a worker thread, so a compile or a slow engine never holds the loop."""
+    nothing else is queued or running and its shape's last lone run took at most this long and less than the mean
+    time between requests (so under load, when more would arrive meanwhile, the loop keeps taking them in); 0: never.
+    A shape's first run always goes to a worker thread, so a compile or a slow engine never holds the loop."""
 
     engine: object
     max_batch_size: int = 0
@@ -191,6 +192,8 @@ class DynamicBatcher:
         self._lock = threading.Lock()
         self._running = 0  # batches on worker threads now
         self._lone_ns: dict[tuple, int] = {}  # (merge key, padded length, bucket) → its last lone run's ns
+        self._arrived_ns = 0  # when the last request was queued
+        self._gap_ns = 0.0  # the mean time between requests (moving average)
 
     @property
     def queued(self) -> int:
@@ -209,6 +212,8 @@ class DynamicBatcher:
                             "retry later", http_status=self.reject_status)
         key, length = self._key(inputs)
         req = Request(inputs, rows, key, state.loop.create_future(), length=length, timing=timing)
+        self._gap_ns += (req.enqueued_ns - self._arrived_ns - self._gap_ns) / 8
+        self._arrived_ns = req.enqueued_ns
         if timeout_s:
             req.timer = state.loop.call_later(timeout_s, self._expire, state, req, timeout_s)
         req.future.add_done_callback(lambda _f: self._forget(state, req))
@@ -390,7 +395,7 @@ class DynamicBatcher:
         if not self.inline_s or state.pending or self._running:
             return False
         last = self._lone_ns.get(lone)
-        return last is not None and last <= self.inline_s * 1e9
+        return last is not None and last <= min(self.inline_s * 1e9, self._gap_ns)
 
     def run_each_context(self, feeds: dict) -> None:
         """Run `feeds` on every execution context (a warm-up, before any request is queued): twice where a dynamic
