@@ -40,7 +40,7 @@ async def engine(args, fd: int) -> None:
     from kiln.serve.link_server import LinkServer
     from kiln.serve.repository import ModelRepository
 
-    repo = ModelRepository(args.root, device=args.device)
+    repo = ModelRepository(args.root, device=args.device, inline_us=args.inline_us)
     repo.start()
     direct = await drive(repo.get(MODEL), 2.0, args.concurrency) / 2.0  # the same model, no link
     server = LinkServer(repo, LinkSpec(args.sock, (fd,)))
@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--inline-us", type=int, default=1000, help="kiln serve --inline-us of the engine process")
     ap.add_argument("--role", choices=["engine", "front"], help=argparse.SUPPRESS)
     ap.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
@@ -102,7 +103,7 @@ def main() -> None:
     fd = memfd("probe", DEFAULT_SLOTS * DEFAULT_SLOT_BYTES)
     common = [sys.executable, "-m", "benchmarks.probes.serve_link", "--root", str(root), "--sock", str(tmp / "e.sock"),
               "--fd", str(fd), "--seconds", str(args.seconds), "--concurrency", str(args.concurrency), "--device",
-              args.device, *(["--profile"] if args.profile else [])]
+              args.device, "--inline-us", str(args.inline_us), *(["--profile"] if args.profile else [])]
     eng = subprocess.Popen([*common, "--role", "engine"], pass_fds=[fd], stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
     fr = subprocess.Popen([*common, "--role", "front"], pass_fds=[fd], stdout=subprocess.PIPE, text=True)
