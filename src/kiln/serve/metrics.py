@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -55,6 +57,8 @@ class Metrics:
                                                 "Batch output split and response encoding per successful request.",
                                                 ["model"], buckets=TIME_BUCKETS, registry=self.registry)
 
+        self.registry.register(GpuMemory())
+
     def _child(self, metric, *labels: str):
         """`metric.labels(*labels)`, looked up once: prometheus_client validates and locks on every call."""
         child = self._children.get((metric, labels))
@@ -87,7 +91,34 @@ class Metrics:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=shared)
+        registry.register(GpuMemory())  # the answering process's GPUs, read now
         return generate_latest(registry)
+
+
+class GpuMemory:
+    """GPU memory read at each scrape, per GPU this process uses: its torch allocations (allocated, reserved by the
+    caching allocator) and the whole device's used and total bytes. Nothing where this process never started CUDA
+    (a CPU server, a front end of --frontends), so a scrape never starts it."""
+
+    GAUGES = {"allocated": "Bytes of GPU memory this process's tensors hold (torch's allocator).",
+              "reserved": "Bytes of GPU memory this process's allocator holds (allocated plus its cache).",
+              "used": "Bytes of the GPU's memory in use by every process (total less free).",
+              "total": "Bytes of the GPU's memory."}
+
+    def collect(self):
+        torch = sys.modules.get("torch")  # never imported (nor CUDA started) for a scrape
+        if torch is None or not torch.cuda.is_initialized():
+            return []
+        families = {k: GaugeMetricFamily(f"kiln_gpu_memory_{k}_bytes", doc, labels=["gpu"])
+                    for k, doc in self.GAUGES.items()}
+        for i in range(torch.cuda.device_count()):
+            if i != torch.cuda.current_device() and not torch.cuda.memory_reserved(i):
+                continue  # a GPU this process has no memory on: asking its free memory would start a context there
+            free, total = torch.cuda.mem_get_info(i)
+            for k, v in (("allocated", torch.cuda.memory_allocated(i)), ("reserved", torch.cuda.memory_reserved(i)),
+                         ("used", total - free), ("total", total)):
+                families[k].add_metric([str(i)], float(v))
+        return list(families.values())
 
 
 def _add_duration(a: dict, b: dict) -> dict:
