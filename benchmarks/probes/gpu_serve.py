@@ -395,6 +395,42 @@ def stage_means(before: dict, after: dict) -> dict:
     return out
 
 
+LAG = re.compile(r'kiln_event_loop_lag_seconds_(count|sum|bucket)\{(?:le="([^"]+)",)?process="([^"]+)"\} (\S+)')
+
+
+def loop_lags(http_url: str) -> dict:
+    """Each server process's event-loop lag samples from /metrics: process → {count, sum, within_5ms}."""
+    import urllib.request
+
+    if not http_url:
+        return {}
+    try:
+        with urllib.request.urlopen(f"http://{http_url.removeprefix('http://')}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict = {}
+    for kind, le, process, value in LAG.findall(text):
+        entry = out.setdefault(process, {"count": 0.0, "sum": 0.0, "within_5ms": 0.0})
+        if kind != "bucket":
+            entry[kind] = float(value)
+        elif le == "0.005":
+            entry["within_5ms"] = float(value)
+    return out
+
+
+def lag_delta(before: dict, after: dict) -> dict:
+    """Per process over a run: mean loop lag (ms) and the share of samples that ran more than 5 ms late."""
+    out = {}
+    for process, a in after.items():
+        b = before.get(process, {"count": 0.0, "sum": 0.0, "within_5ms": 0.0})
+        n = a["count"] - b["count"]
+        if n > 0:
+            out[process] = {"samples": int(n), "mean_lag_ms": round((a["sum"] - b["sum"]) / n * 1e3, 3),
+                            "late_over_5ms": round(1 - (a["within_5ms"] - b["within_5ms"]) / n, 3)}
+    return out
+
+
 def stats_delta(before: dict, after: dict) -> dict:
     d = {k: after[k] - before[k] for k in before}
     d["answered"] = d["success"] + d["fail"]
@@ -647,8 +683,10 @@ class Probe:
             for job, n in zip(jobs, split(requests, len(per))):
                 job |= {"duration": None, "requests": n}
         before, stages = statistics(self.server.url, model), stage_totals(self.server.url, model)
+        lags = loop_lags(self.server.http_url)
         parts = self.clients.run(jobs, timeout_s=(duration or 0) + 300)
         out = combine(parts) | {"concurrency": concurrency, "per_process_concurrency": per}
+        out["loop_lag"] = lag_delta(lags, loop_lags(self.server.http_url))
         out["server"] = stats_delta(before, statistics(self.server.url, model))
         out["server_stages"] = stage_means(stages, stage_totals(self.server.url, model))
         out["mean_batch"] = out["server"]["mean_batch"]
@@ -683,7 +721,7 @@ class Probe:
                    "--concurrency-range", str(concurrency), "--input-data", "zero", "--measurement-interval",
                    str(int(a.duration * 1000 / 2)), "--max-trials", "4", "--stability-percentage", "25", "-f", str(csv),
                    "--shared-memory", shm, *a.perf_analyzer_args.split()]
-        before = statistics(self.server.url, model)
+        before, lags = statistics(self.server.url, model), loop_lags(self.server.http_url)
         run = subprocess.run(command, capture_output=True, text=True, timeout=a.duration * 6 + 60)
         if run.returncode != 0:  # exit -9 at concurrency 64 in stops 42-43: keep what may say why
             peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -698,6 +736,7 @@ class Probe:
                "p50_ms": us.get("p50 latency", 0) / 1e3, "p99_ms": us.get("p99 latency", 0) / 1e3,
                "stdout_tail": run.stdout[-1200:]}
         out["server"] = stats_delta(before, statistics(self.server.url, model))
+        out["loop_lag"] = lag_delta(lags, loop_lags(self.server.http_url))
         out["mean_batch"] = out["server"]["mean_batch"]
         off = self.engines[key].get("offline") or {}
         if concurrency == 1 and off.get("b1_host_ms"):
@@ -1030,8 +1069,11 @@ def _brief(out) -> str:
     keys = ("b64_items_per_s", "b1_host_ms", "b1_device_ms", "build_s", "ready_s", "p50_ms", "p99_ms",
             "server_adds_ms", "infer_per_s", "mean_batch", "failed", "ratio_to_offline_b64", "lost_or_duplicated",
             "max_abs_diff", "rss_growth_after_warmup_mb", "requests_used")
-    return ", ".join(f"{k} {out[k]:.4g}" if isinstance(out[k], float) else f"{k} {out[k]}"
-                     for k in keys if k in out and out[k] is not None)
+    brief = [f"{k} {out[k]:.4g}" if isinstance(out[k], float) else f"{k} {out[k]}"
+             for k in keys if k in out and out[k] is not None]
+    brief += [f"loop lag {p} {v['mean_lag_ms']} ms ({v['late_over_5ms']:.0%} > 5 ms)"
+              for p, v in (out.get("loop_lag") or {}).items()]
+    return ", ".join(brief)
 
 
 def main() -> None:

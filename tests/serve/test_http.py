@@ -317,7 +317,9 @@ def test_concurrent_infers_get_their_own_rows(server):
     finally:
         client.close()
     with urllib.request.urlopen(f"http://{url}/metrics", timeout=5) as r:
-        assert b"kiln_inference_requests_total" in r.read()
+        text = r.read()
+    assert b"kiln_inference_requests_total" in text
+    assert b'kiln_event_loop_lag_seconds_count{process="server"}' in text  # watched since the start
 
 
 def test_repository_index_unload_load(server):

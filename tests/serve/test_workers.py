@@ -70,6 +70,9 @@ def test_two_workers_answer_http_and_grpc_and_share_the_connections(repo, tmp_pa
                 np.testing.assert_array_equal(client.infer(MODEL, [inp]).as_numpy("y"), x * 2 + 1)
                 client.close()
         assert [_requests_counted(metrics) for _ in range(4)] == [32] * 4  # whichever worker answers: the sum
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
+            lags = set(re.findall(r'kiln_event_loop_lag_seconds_count\{process="(worker \d)"\}', r.read().decode()))
+        assert lags == {"worker 0", "worker 1"}  # each worker's loop, by its own label
         time.sleep(3 * STATS_REFRESH_S)  # every worker has published its statistics since
         [shared] = tmp_path.glob("kiln-serve-metrics-*")
         own = [int(e["inference_stats"]["success"]["count"]) for [e] in read_snapshots(shared)]

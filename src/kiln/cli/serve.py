@@ -455,11 +455,12 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    servers, sockets, grpc_server, publishing = [], [], None, None
+    servers, sockets, grpc_server, publishing, watching = [], [], None, None, None
     try:
         if not await _started(repo, stop):
             return  # stopped before the models were up (a front end still waiting for a killed engine process)
         publishing = _publish_statistics(repo, shared_stats)
+        watching = asyncio.create_task(metrics.watch_loop(who.removesuffix(": ") or "server"))
         if link is not None and link.frontend is None:
             from kiln.serve.link_server import LinkServer
 
@@ -518,6 +519,8 @@ async def _serve(root: Path, host: str, http_port: int, grpc_port: int, metrics_
             with contextlib.suppress(asyncio.CancelledError):
                 await t  # re-raises a server's own failure
     finally:
+        if watching is not None:
+            watching.cancel()
         if grpc_server is not None:
             await grpc_server.stop(0)
         for sock in sockets:

@@ -26,6 +26,8 @@ MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 STATS_REFRESH_S = 0.2  # how often a worker publishes its statistics (when they changed)
 _BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
+LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+LOOP_SAMPLE_S = 0.05  # how often watch_loop measures the event loop's lag
 TIME_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -57,6 +59,10 @@ class Metrics:
                                                 "Batch output split and response encoding per successful request.",
                                                 ["model"], buckets=TIME_BUCKETS, registry=self.registry)
 
+        self.loop_lag = Histogram("kiln_event_loop_lag_seconds",
+                                  f"How late the event loop ran a timer set {LOOP_SAMPLE_S * 1e3:g} ms ahead, by "
+                                  "server process: lags of milliseconds mean the process is saturated and requests "
+                                  "wait for it.", ["process"], buckets=LAG_BUCKETS, registry=self.registry)
         self.registry.register(GpuMemory())
 
     def _child(self, metric, *labels: str):
@@ -83,6 +89,14 @@ class Metrics:
         self._child(self.request_seconds, model).observe(request_s)
         self._child(self.compute_input_seconds, model).observe(input_s)
         self._child(self.compute_output_seconds, model).observe(output_s)
+
+    async def watch_loop(self, process: str, interval_s: float = LOOP_SAMPLE_S) -> None:
+        """Observe the running loop's lag as `process` every `interval_s` until cancelled."""
+        loop, lag = asyncio.get_running_loop(), self._child(self.loop_lag, process)
+        while True:
+            start = loop.time()
+            await asyncio.sleep(interval_s)
+            lag.observe(max(0.0, loop.time() - start - interval_s))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry, or of every worker's where they share a folder."""
