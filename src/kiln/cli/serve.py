@@ -12,7 +12,7 @@ import typer
 
 from kiln.cli.errors import command
 from kiln.cli.options import Device, Policy, Verbose
-from kiln.serve.config import INLINE_US
+from kiln.serve import INLINE_US
 from kiln.serve.ray_app import DEFAULT_TARGET_ONGOING  # a constant: kiln.serve.ray_app imports Ray only when used
 
 GRACE_S = 30.0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+INLINE_US = 1000  # default of kiln serve --inline-us (DynamicBatcher.inline_s): here, so the CLI reads it without torch
+
 _EXPORTS = {
     "ServeError": "errors", "BadRequest": "errors", "ModelNotFound": "errors", "ModelNotReady": "errors",
     "QueueFull": "errors", "RequestTimeout": "errors", "TooLarge": "errors",

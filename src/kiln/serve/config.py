@@ -13,7 +13,6 @@ from kiln.serve.dtypes import V2_TO_NUMPY, numpy_to_v2, to_v2, v2_to_config
 
 PLATFORM = "kiln_plan"
 DEFAULT_MAX_BATCH_SIZE = 32
-INLINE_US = 1000  # lone requests of shapes whose last run took at most this run on the event loop (DynamicBatcher)
 PRECISIONS = ("fp32", "fp16", "bf16", "tf32")
 
 

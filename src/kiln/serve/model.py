@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from kiln.serve.batcher import BatchRecord, DynamicBatcher, RequestTiming
-from kiln.serve.config import INLINE_US, ModelConfig
+from kiln.serve import INLINE_US
+from kiln.serve.config import ModelConfig
 from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY, torch_dtype
 from kiln.serve.errors import BadRequest, ServeError
 from kiln.errors import KilnError

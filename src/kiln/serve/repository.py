@@ -7,7 +7,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.serve.config import DEFAULT_MAX_BATCH_SIZE, INLINE_US, ModelConfig, VersionPolicy, version_folders
+from kiln.serve import INLINE_US
+from kiln.serve.config import DEFAULT_MAX_BATCH_SIZE, ModelConfig, VersionPolicy, version_folders
 from kiln.serve.errors import BadRequest, ModelLoadError, ModelNotFound, ModelNotReady, Unsupported
 from kiln.serve.metrics import Metrics
 from kiln.serve.model import ServedModel
