@@ -467,9 +467,8 @@ class DynamicBatcher:
 
     def _execute(self, live: list[Request], padded: int | None, bucket: int) -> tuple[list[dict], int, int, int]:
         """On a worker thread (off the event loop, which keeps taking requests in; a lone request may run on the loop,
-        see `inline_s`): take a free execution context,
-        assemble the batch in its staging block, run the engine and split the outputs; (each request's answer, ns
-        assembling, ns running, ns splitting)."""
+        see `inline_s`): take a free execution context, assemble the batch in its staging block, run the engine and
+        split the outputs; (each request's answer, ns assembling, ns running, ns splitting)."""
         start = time.perf_counter_ns()
         ctx = self._contexts.get()
         try:
