@@ -108,8 +108,9 @@ def serve(
     inline_us: Annotated[int, typer.Option(
         "--inline-us", min=0, help="A lone request (nothing else queued or running for its model) runs on the event "
                                    "loop instead of an engine thread, saving two thread hand-offs (0.1-0.2 ms), when "
-                                   "its shape's last lone run took at most this many microseconds; a shape's first "
-                                   "run always takes a thread. 0: always a thread.")] = INLINE_US,
+                                   "its shape's last lone run took at most this many microseconds and requests "
+                                   "arrive further apart than that run takes; a shape's first run always takes a "
+                                   "thread. 0: always a thread.")] = INLINE_US,
     log_format: Annotated[str, typer.Option(
         "--log-format", help="Server logs on stderr: text ('kiln serve: ...') or json (one object per line: time, "
                              "level, logger, message, event fields).")] = "text",
