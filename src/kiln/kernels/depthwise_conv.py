@@ -1,0 +1,92 @@
+"""Depthwise 2-D convolution (one filter per channel: group = C = CO) with bias, residual and activation fused:
+Y = act(X ⊛ W + bias + residual), fp32 accumulation, NHWC output.
+
+A depthwise conv has no reduction over channels, so it runs on CUDA cores, not tensor cores: each program takes a
+tile of output pixels × channels and adds KH·KW shifted input tiles, each read across contiguous channels of a
+channels_last input. It is bound by its bytes (MobileNetV2's layers: cuDNN took 2-3.5× their memory time).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kiln.kernels.common import ACTIVATIONS, activate, output_pixels, pow2
+from kiln.kernels.out_buffer import take
+
+CONFIG_KEYS = ("BLOCK_P", "BLOCK_C", "num_warps")
+_SPACE = [(64, 32, 4), (32, 64, 4), (128, 32, 4), (16, 128, 4), (64, 64, 4), (32, 128, 8), (128, 64, 8), (8, 256, 4)]
+PER_LEVEL = {0: 1, 1: 2, 2: 4, 3: 6}  # configs offered per opt level; all from level 4
+
+
+@triton.jit
+def _depthwise_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, sh, sw, ph, pw, dh, dw, act_alpha, act_beta,
+                      s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
+                      KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                      ACT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    n, oh, ow, p_ok = output_pixels(N, OH, OW, BLOCK_P)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = rc < C
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        ih = oh * sh - ph + kh * dh
+        for kw in tl.static_range(KW):
+            iw = ow * sw - pw + kw * dw
+            ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + rc[None, :] * s_xc,
+                        mask=ok[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(w + (kh * KW + kw) * C + rc, mask=c_ok, other=0.0)
+            acc += a.to(tl.float32) * b.to(tl.float32)[None, :]
+    inside = p_ok[:, None] & c_ok[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias + rc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        r = res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rc[None, :] * s_rc
+        acc += tl.load(r, mask=inside, other=0.0).to(tl.float32)
+    acc = activate(acc, ACT, act_alpha, act_beta)
+    out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rc[None, :] * s_yc
+    tl.store(out, acc.to(y.dtype.element_ty), mask=inside)
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """[C, 1, KH, KW] → [KH·KW, C]: each tap's filters across the channels, read contiguously."""
+    return w.reshape(w.shape[0], -1).t().contiguous()
+
+
+def configs(pixels: int | None, c: int, level: int) -> list[dict]:
+    """Tiles no larger than the problem (output pixels, channels), best-first; fewer at low levels."""
+    out = []
+    for t in _SPACE:
+        cfg = dict(zip(CONFIG_KEYS, t))
+        if cfg["BLOCK_C"] <= pow2(c, 8, 256) and cfg["BLOCK_P"] <= pow2(pixels or 128, 8, 128) and cfg not in out:
+            out.append(cfg)
+    out = out or [{"BLOCK_P": 16, "BLOCK_C": pow2(c, 8, 64), "num_warps": 2}]
+    return out[:PER_LEVEL.get(level, len(out))]
+
+
+def depthwise_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,
+                     bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *,
+                     activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
+                     config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(depthwise conv2d(x, w) + bias + residual) as an NCHW-shaped, channels_last tensor in x's dtype (in
+    `out`'s bytes when given). x [N, C, H, W] (any strides); w_packed from `pack_weight`; pads [top, left, bottom,
+    right]."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    (n, c, h, wd), (kh, kw) = x.shape, kernel
+    (sh, sw), (dh, dw) = strides, dilations
+    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+    y = take(out, (n, c, oh, ow), x.dtype, x.device, torch.channels_last)
+    if y.numel() == 0:
+        return y
+    cfg = config or configs(n * oh * ow, c, 1)[0]
+    r = residual if residual is not None else y
+    grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_P"]), triton.cdiv(c, cfg["BLOCK_C"]))
+    _depthwise_kernel[grid](x, w_packed, bias if bias is not None else y, r, y, n, h, wd, c, oh, ow, sh, sw,
+                            pads[0], pads[1], dh, dw, float(act_alpha), float(act_beta),
+                            *x.stride(), *r.stride(), *y.stride(), KH=kh, KW=kw,
+                            HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
+                            BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"])
+    return y

@@ -1,0 +1,103 @@
+"""Triton depthwise convolution and the triton_depthwise_conv tactic against the Conv / FusedConv references.
+
+On the CPU the kernel runs under TRITON_INTERPRET=1 at tiny shapes; the gpu test runs MobileNetV2's shapes.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kiln.builder.autotune import TOLERANCE  # noqa: E402
+from kiln.ir import DType  # noqa: E402
+from kiln.kernels import depthwise_conv  # noqa: E402
+from kiln.kinds import run_reference  # noqa: E402
+from kiln.tactics import registry  # noqa: E402
+from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
+from kiln.target.device import Device  # noqa: E402
+
+CPU = Device("cpu", "cpu", "cpu")
+SMALL = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_C": 8, "num_warps": 2}
+TOL = {**TOLERANCE, torch.float32: (1e-4, 1e-4)}
+TACTIC = registry.get("triton_depthwise_conv")
+
+
+def _attrs(c, k=3, stride=1, pads=(1, 1, 1, 1), dilation=1, **extra):
+    return {"kernel_shape": [k, k], "strides": [stride, stride], "dilations": [dilation, dilation],
+            "pads": list(pads), "group": c, "auto_pad": "NOTSET", **extra}
+
+
+def _spec(kind, attrs, inputs):
+    vals = tuple(None if t is None else ValueSpec(DType.from_torch(t.dtype), tuple(t.shape), t if i in (1, 2) else None)
+                 for i, t in enumerate(inputs))
+    want = run_reference(kind, inputs, attrs)
+    outs = tuple(ValueSpec(DType.from_torch(w.dtype), tuple(w.shape)) for w in want)
+    return LayerSpec("dw", kind, attrs, vals, outs), want[0]
+
+
+def _check(got, want):
+    rtol, atol = TOL[want.dtype]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("k, stride, pads, dilation", [(3, 1, (1, 1, 1, 1), 1), (3, 2, (0, 1, 2, 0), 1),
+                                                        (3, 1, (2, 2, 2, 2), 2), (5, 2, (2, 2, 2, 2), 1)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_matches_reference(k, stride, pads, dilation, channels_last):
+    """Strides, asymmetric pads and dilation on NCHW and channels_last inputs; 12 channels cut the 8-channel tiles
+    and the pixels cut the 16-pixel tiles."""
+    g = torch.Generator().manual_seed(k * 10 + stride)
+    x = torch.randn(2, 12, 9, 11, generator=g)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    inputs = [x, torch.randn(12, 1, k, k, generator=g), torch.randn(12, generator=g)]
+    spec, want = _spec("Conv", _attrs(12, k, stride, pads, dilation), inputs)
+    assert TACTIC.supports(spec, CPU) is None
+    _check(TACTIC.compile(spec, SMALL, CPU)(inputs)[0], want)
+
+
+@pytest.mark.parametrize("act, params, residual", [("Clip", [0.0, 6.0], False), ("Relu", [], True),
+                                                   ("none", [], True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_with_residual_and_activation(act, params, residual, dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 20, 6, 7, generator=g).to(dtype)
+    w, b = torch.randn(20, 1, 3, 3, generator=g).to(dtype), torch.randn(20, generator=g).to(dtype)
+    inputs = [x, w, b] + ([torch.randn(1, 20, 6, 7, generator=g).to(dtype)] if residual else [])
+    spec, want = _spec("FusedConv", _attrs(20, residual=residual, activation=act, activation_params=params), inputs)
+    assert TACTIC.supports(spec, CPU) is None
+    assert all(c["layout"] == "nhwc" for c in TACTIC.configs(spec, CPU, 3))
+    _check(TACTIC.compile(spec, SMALL, CPU)(inputs)[0], want)
+
+
+def test_without_bias_and_default_config():
+    x, w = torch.randn(1, 6, 8, 8), torch.randn(6, 1, 3, 3)
+    want = torch.nn.functional.conv2d(x, w, padding=1, groups=6)
+    _check(depthwise_conv.depthwise_conv2d(x, depthwise_conv.pack_weight(w), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+           want)
+
+
+def test_only_depthwise():
+    x = torch.randn(1, 4, 6, 6)
+    spec, _ = _spec("Conv", _attrs(2), [x, torch.randn(4, 2, 3, 3)])  # two channels a group
+    assert "depthwise" in TACTIC.supports(spec, CPU)
+    spec, _ = _spec("Conv", _attrs(1), [x, torch.randn(4, 4, 3, 3)])  # dense
+    assert "depthwise" in TACTIC.supports(spec, CPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c, hw, stride", [(32, 112, 1), (96, 112, 2), (144, 56, 1), (960, 7, 1)])
+def test_gpu_mobilenet_shapes_every_config(c, hw, stride):
+    """MobileNetV2's depthwise shapes at batch 8 in fp16, channels_last, ReLU6, every config offered at level 4."""
+    x = torch.randn(8, c, hw, hw, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    w, b = (torch.randn(c, 1, 3, 3, device="cuda") * 0.3).half(), torch.randn(c, device="cuda").half()
+    spec, want = _spec("FusedConv", _attrs(c, stride=stride, activation="Clip", activation_params=[0.0, 6.0],
+                                           residual=False), [x, w, b])
+    dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
+    for config in TACTIC.configs(spec, dev, 4):
+        _check(TACTIC.compile(spec, config, dev)([x, w, b])[0], want)
