@@ -4,12 +4,9 @@ conv at batch 64 in 0.5 ms, ten times its FLOPs' time on an H200."""
 
 from __future__ import annotations
 
-import torch
-
 from kiln.tactics.common import float_io, linear, rank, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-
 
 def _supports(spec: LayerSpec, device) -> str | None:
     a = spec.attrs
@@ -23,11 +20,9 @@ def _supports(spec: LayerSpec, device) -> str | None:
         return "grouped convolutions and auto_pad are not patch GEMMs"
     return float_io(spec)
 
-
 def _configs(spec: LayerSpec, device, level: int):
     """The output in NCHW memory (one more copy) or NHWC (the GEMM's own rows, channels_last)."""
     return [{"layout": "nchw"}, {"layout": "nhwc"}]
-
 
 def _compile(spec: LayerSpec, config, device):
     weight = spec.inputs[1].const
@@ -48,6 +43,5 @@ def _compile(spec: LayerSpec, config, device):
         return [y.contiguous() if nchw else y]
 
     return run
-
 
 register(Tactic("cublas_patch_conv", ("Conv",), _compile, _supports, _configs, priority=20, fresh=True))
