@@ -8,6 +8,7 @@ from kiln.tactics.common import float_io, linear, rank, tf32
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 
+
 def _supports(spec: LayerSpec, device) -> str | None:
     a = spec.attrs
     if spec.inputs[1] is None or spec.inputs[1].const is None:
