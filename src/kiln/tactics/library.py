@@ -23,7 +23,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)  # 
     torch_pool,
     triton_attention,
     triton_conv,
-    triton_depthwise_conv,
+    triton_cuda_core_conv,
     triton_norm,
     triton_pointwise,
     triton_pool,

@@ -1,6 +1,7 @@
-"""Triton depthwise convolution and the triton_depthwise_conv tactic against the Conv / FusedConv references.
+"""The CUDA-core convolutions (triton_depthwise_conv, triton_direct_conv for few input channels) against the Conv /
+FusedConv references.
 
-On the CPU the kernel runs under TRITON_INTERPRET=1 at tiny shapes; the gpu test runs MobileNetV2's shapes.
+On the CPU the kernels run under TRITON_INTERPRET=1 at tiny shapes; the gpu tests run MobileNetV2's shapes.
 """
 
 import os
@@ -13,7 +14,7 @@ if not torch.cuda.is_available():
 
 from kiln.builder.autotune import TOLERANCE  # noqa: E402
 from kiln.ir import DType  # noqa: E402
-from kiln.kernels import depthwise_conv  # noqa: E402
+from kiln.kernels import conv, depthwise_conv, direct_conv  # noqa: E402
 from kiln.kinds import run_reference  # noqa: E402
 from kiln.tactics import registry  # noqa: E402
 from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
@@ -23,6 +24,8 @@ CPU = Device("cpu", "cpu", "cpu")
 SMALL = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_C": 8, "num_warps": 2}
 TOL = {**TOLERANCE, torch.float32: (1e-4, 1e-4)}
 TACTIC = registry.get("triton_depthwise_conv")
+DIRECT = registry.get("triton_direct_conv")
+SMALL_DIRECT = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_N": 16, "num_warps": 2}
 
 
 def _attrs(c, k=3, stride=1, pads=(1, 1, 1, 1), dilation=1, **extra):
@@ -86,8 +89,45 @@ def test_only_depthwise():
     x = torch.randn(1, 4, 6, 6)
     spec, _ = _spec("Conv", _attrs(2), [x, torch.randn(4, 2, 3, 3)])  # two channels a group
     assert "depthwise" in TACTIC.supports(spec, CPU)
+    assert "grouped" in DIRECT.supports(spec, CPU)
     spec, _ = _spec("Conv", _attrs(1), [x, torch.randn(4, 4, 3, 3)])  # dense
     assert "depthwise" in TACTIC.supports(spec, CPU)
+    assert DIRECT.supports(spec, CPU) is None
+    spec, _ = _spec("Conv", _attrs(1), [torch.randn(1, 5, 6, 6), torch.randn(4, 5, 3, 3)])
+    assert "input channels" in DIRECT.supports(spec, CPU)
+
+
+@pytest.mark.parametrize("c, k, stride, pads", [(3, 3, 2, (1, 1, 1, 1)), (1, 3, 1, (0, 1, 2, 0)),
+                                                (4, 7, 2, (3, 3, 3, 3))])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_direct_matches_reference(c, k, stride, pads, channels_last):
+    """Stems (3 channels, 3x3/2 and 7x7/2), one and four channels, asymmetric pads; 20 output channels cut the
+    16-channel tiles."""
+    g = torch.Generator().manual_seed(c * 10 + k)
+    x = torch.randn(2, c, 11, 9, generator=g)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    inputs = [x, torch.randn(20, c, k, k, generator=g), torch.randn(20, generator=g)]
+    spec, want = _spec("Conv", {**_attrs(1, k, stride, pads)}, inputs)
+    assert DIRECT.supports(spec, CPU) is None
+    _check(DIRECT.compile(spec, SMALL_DIRECT, CPU)(inputs)[0], want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_direct_fused_relu6_with_residual(dtype):
+    g = torch.Generator().manual_seed(3)
+    x, r = torch.randn(1, 3, 8, 8, generator=g).to(dtype), torch.randn(1, 24, 4, 4, generator=g).to(dtype)
+    w, b = (torch.randn(24, 3, 3, 3, generator=g) * 0.5).to(dtype), torch.randn(24, generator=g).to(dtype)
+    attrs = _attrs(1, stride=2, residual=True, activation="Clip", activation_params=[0.0, 6.0])
+    spec, want = _spec("FusedConv", attrs, [x, w, b, r])
+    assert all(cfg["layout"] == "nhwc" for cfg in DIRECT.configs(spec, CPU, 4))
+    _check(DIRECT.compile(spec, SMALL_DIRECT, CPU)([x, w, b, r])[0], want)
+
+
+def test_direct_refuses_many_channels():
+    with pytest.raises(ValueError, match="at most"):
+        direct_conv.direct_conv2d(torch.randn(1, 8, 4, 4), conv.pack_weight(torch.randn(2, 8, 3, 3)), (3, 3), (1, 1),
+                                  (1, 1, 1, 1), (1, 1))
 
 
 @pytest.mark.gpu
@@ -101,3 +141,17 @@ def test_gpu_mobilenet_shapes_every_config(c, hw, stride):
     dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
     for config in TACTIC.configs(spec, dev, 4):
         _check(TACTIC.compile(spec, config, dev)([x, w, b])[0], want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("co, k", [(32, 3), (64, 7)])
+def test_gpu_stems_every_config(co, k):
+    """MobileNetV2's 3→32 3x3/2 stem and ResNet-50's 3→64 7x7/2 at batch 8 in fp16, every config at level 4."""
+    x = torch.randn(8, 3, 224, 224, device="cuda").half()
+    w, b = (torch.randn(co, 3, k, k, device="cuda") * 0.2).half(), torch.randn(co, device="cuda").half()
+    p = k // 2
+    spec, want = _spec("FusedConv", _attrs(1, k, 2, (p, p, p, p), activation="Relu", activation_params=[],
+                                           residual=False), [x, w, b])
+    dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
+    for config in DIRECT.configs(spec, dev, 4):
+        _check(DIRECT.compile(spec, config, dev)([x, w, b])[0], want)

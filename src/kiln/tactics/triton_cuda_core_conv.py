@@ -1,0 +1,79 @@
+"""Convolutions on CUDA cores through Triton, with bias, residual and activation fused: depthwise ones (one filter per
+channel, kernels/depthwise_conv.py) and dense ones of few input channels (a stem, kernels/direct_conv.py). 2-D,
+constant weights; they read any input layout and write NHWC, so their configs are timed as NHWC."""
+
+from __future__ import annotations
+
+from kiln.kernels import conv, depthwise_conv, direct_conv
+from kiln.tactics.common import first, rank
+from kiln.tactics.registry import Tactic, register
+from kiln.tactics.spec import LayerSpec
+from kiln.tactics.triton_common import FUSED_ACTS, conv_rows, epilogue, io_reason, mark_nhwc
+
+
+def _conv_reason(spec: LayerSpec, device) -> str | None:
+    """Why neither CUDA-core conv can run this layer whatever its channels, or None."""
+    a, w = spec.attrs, spec.inputs[1]
+    if w is None or w.const is None:
+        return "weights are not a build-time constant"
+    if rank(spec.inputs[0]) != 4 or len(a.get("kernel_shape", ())) != 2:
+        return "only 2-D convolutions"
+    if a.get("auto_pad", "NOTSET") != "NOTSET":
+        return "pads are not explicit (input shape unknown at build)"
+    if a.get("activation", "none") not in FUSED_ACTS:
+        return f"activation {a['activation']!r} has no Triton epilogue"
+    if len(spec.inputs) > 2 and spec.inputs[2] is not None and rank(spec.inputs[2]) != 1:
+        return "bias is not 1-D"
+    return io_reason(spec, [v for v in (*spec.inputs, spec.outputs[0]) if v is not None], device)
+
+
+def _depthwise_reason(spec: LayerSpec, device) -> str | None:
+    w = spec.inputs[1]
+    if w is not None and w.const is not None and not (w.const.shape[1] == 1
+                                                      and spec.attrs.get("group", 1) == w.const.shape[0]):
+        return "only depthwise convolutions (one filter per channel)"
+    return _conv_reason(spec, device)
+
+
+def _direct_reason(spec: LayerSpec, device) -> str | None:
+    w = spec.inputs[1]
+    if spec.attrs.get("group", 1) != 1:
+        return "grouped and depthwise convolutions"
+    if w is not None and w.const is not None and w.const.shape[1] > direct_conv.MAX_CHANNELS:
+        return f"more than {direct_conv.MAX_CHANNELS} input channels (an implicit GEMM's job)"
+    return _conv_reason(spec, device)
+
+
+def _depthwise_configs(spec: LayerSpec, device, level: int):
+    return mark_nhwc(depthwise_conv.configs(conv_rows(spec.outputs[0].shape), spec.inputs[1].const.shape[0], level))
+
+
+def _direct_configs(spec: LayerSpec, device, level: int):
+    return mark_nhwc(direct_conv.configs(conv_rows(spec.outputs[0].shape), spec.inputs[1].const.shape[0], level))
+
+
+def _compiler(launch, pack, keys):
+    """A tactic's compile: `launch(x, packed weights, ..., config=, out=)` with the layer's attributes."""
+    def compile_(spec: LayerSpec, config, device):
+        a = spec.attrs
+        w = pack(spec.inputs[1].const)
+        kernel, strides, dilations = tuple(a["kernel_shape"]), tuple(a["strides"]), tuple(a["dilations"])
+        pads = list(a["pads"][:4])
+        act, act_alpha, act_beta = epilogue(a) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
+        tiles = {k: config[k] for k in keys}
+
+        def run(inputs, out=None):
+            x, _, bias, residual = (list(inputs) + [None] * 4)[:4]
+            return [launch(x, w, kernel, strides, pads, dilations, bias, residual, activation=act,
+                           act_alpha=act_alpha, act_beta=act_beta, config=tiles, out=first(out))]
+
+        return run
+    return compile_
+
+
+register(Tactic("triton_depthwise_conv", ("Conv", "FusedConv"),
+                _compiler(depthwise_conv.depthwise_conv2d, depthwise_conv.pack_weight, depthwise_conv.CONFIG_KEYS),
+                _depthwise_reason, _depthwise_configs, priority=30, writes_out=True))
+register(Tactic("triton_direct_conv", ("Conv", "FusedConv"),
+                _compiler(direct_conv.direct_conv2d, conv.pack_weight, direct_conv.CONFIG_KEYS),
+                _direct_reason, _direct_configs, priority=30, writes_out=True))
