@@ -1,5 +1,5 @@
-"""Direct 2-D convolution on CUDA cores for few input channels (a CNN's stem: 3 colour channels), with bias,
-residual and activation fused: Y = act(X ⊛ W + bias + residual), fp32 accumulation, NHWC output.
+"""Direct 2-D convolution on CUDA cores for few input channels and small kernels (a CNN's 3x3 stem on 3 colour
+channels), with bias, residual and activation fused: Y = act(X ⊛ W + bias + residual), fp32 accumulation, NHWC output.
 
 With C = 3 an implicit GEMM pads each tap's 3 channels to a tensor-core K of 16; here each (kh, kw, c) tap is one
 outer product of a column of input pixels and a row of output-channel weights. MobileNetV2's 3→32 3x3/2 stem at
@@ -15,7 +15,8 @@ import triton.language as tl
 from kiln.kernels.common import ACTIVATIONS, activate, output_pixels, pow2
 from kiln.kernels.out_buffer import take
 
-MAX_CHANNELS = 4  # input channels a direct conv takes (each is unrolled)
+MAX_TAPS = 36  # C·KH·KW a direct conv takes: each tap is unrolled (ResNet-50's 147-tap 7x7 stem compiled for
+# tens of seconds and needs tensor cores anyway)
 CONFIG_KEYS = ("BLOCK_P", "BLOCK_N", "num_warps")
 _SPACE = [(128, 32, 4), (64, 64, 4), (256, 32, 8), (128, 64, 8), (64, 32, 4), (32, 128, 4)]
 PER_LEVEL = {0: 1, 1: 2, 2: 3, 3: 4}  # configs offered per opt level; all from level 4
@@ -67,13 +68,13 @@ def direct_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, in
                   act_alpha: float = 1.0, act_beta: float = 0.0, config: dict | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """act(conv2d(x, w) + bias + residual) as an NCHW-shaped, channels_last tensor in x's dtype (in `out`'s bytes
-    when given). x [N, C, H, W] (any strides, C ≤ MAX_CHANNELS); w_packed from `conv.pack_weight`
+    when given). x [N, C, H, W] (any strides, C·KH·KW ≤ MAX_TAPS); w_packed from `conv.pack_weight`
     ([KH·KW·C, CO]); pads [top, left, bottom, right]."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
-    if c > MAX_CHANNELS:
-        raise ValueError(f"a direct conv takes at most {MAX_CHANNELS} input channels, not {c}")
+    if c * kh * kw > MAX_TAPS:
+        raise ValueError(f"a direct conv takes at most {MAX_TAPS} taps (C·KH·KW), not {c * kh * kw}")
     (sh, sw), (dh, dw) = strides, dilations
     oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1

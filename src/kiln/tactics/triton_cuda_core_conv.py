@@ -39,8 +39,8 @@ def _direct_reason(spec: LayerSpec, device) -> str | None:
     w = spec.inputs[1]
     if spec.attrs.get("group", 1) != 1:
         return "grouped and depthwise convolutions"
-    if w is not None and w.const is not None and w.const.shape[1] > direct_conv.MAX_CHANNELS:
-        return f"more than {direct_conv.MAX_CHANNELS} input channels (an implicit GEMM's job)"
+    if w is not None and w.const is not None and w.const[0].numel() > direct_conv.MAX_TAPS:
+        return f"more than {direct_conv.MAX_TAPS} taps (C·KH·KW): an implicit GEMM's job"
     return _conv_reason(spec, device)
 
 
