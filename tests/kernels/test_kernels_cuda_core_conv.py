@@ -51,15 +51,16 @@ def _check(got, want):
 @pytest.mark.parametrize("k, stride, pads, dilation", [(3, 1, (1, 1, 1, 1), 1), (3, 2, (0, 1, 2, 0), 1),
                                                         (3, 1, (2, 2, 2, 2), 2), (5, 2, (2, 2, 2, 2), 1)])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_matches_reference(k, stride, pads, dilation, channels_last):
+@pytest.mark.parametrize("c", [12, 16])
+def test_matches_reference(k, stride, pads, dilation, channels_last, c):
     """Strides, asymmetric pads and dilation on NCHW and channels_last inputs; 12 channels cut the 8-channel tiles
-    and the pixels cut the 16-pixel tiles."""
+    (16 fill them: the kernel's unmasked channel path) and the pixels cut the 16-pixel tiles."""
     g = torch.Generator().manual_seed(k * 10 + stride)
-    x = torch.randn(2, 12, 9, 11, generator=g)
+    x = torch.randn(2, c, 9, 11, generator=g)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    inputs = [x, torch.randn(12, 1, k, k, generator=g), torch.randn(12, generator=g)]
-    spec, want = _spec("Conv", _attrs(12, k, stride, pads, dilation), inputs)
+    inputs = [x, torch.randn(c, 1, k, k, generator=g), torch.randn(c, generator=g)]
+    spec, want = _spec("Conv", _attrs(c, k, stride, pads, dilation), inputs)
     assert TACTIC.supports(spec, CPU) is None
     _check(TACTIC.compile(spec, SMALL, CPU)(inputs)[0], want)
 

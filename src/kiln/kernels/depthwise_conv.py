@@ -24,10 +24,11 @@ PER_LEVEL = {0: 1, 1: 2, 2: 4, 3: 6}  # configs offered per opt level; all from 
 def _depthwise_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, sh, sw, ph, pw, dh, dw, act_alpha, act_beta,
                       s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                       KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                      ACT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                      ACT: tl.constexpr, EVEN_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     n, oh, ow, p_ok = output_pixels(N, OH, OW, BLOCK_P)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = rc < C
+    # EVEN_C: no channel mask, so a mask constant along the channels lets a row's channels load as vectors
+    c_ok = (rc >= 0) if EVEN_C else (rc < C)
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
     for kh in tl.static_range(KH):
         ih = oh * sh - ph + kh * dh
@@ -35,10 +36,10 @@ def _depthwise_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, sh, sw, ph, pw, dh
             iw = ow * sw - pw + kw * dw
             ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a = tl.load(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + rc[None, :] * s_xc,
-                        mask=ok[:, None] & c_ok[None, :], other=0.0)
+                        mask=ok[:, None] if EVEN_C else ok[:, None] & c_ok[None, :], other=0.0)
             b = tl.load(w + (kh * KW + kw) * C + rc, mask=c_ok, other=0.0)
             acc += a.to(tl.float32) * b.to(tl.float32)[None, :]
-    inside = p_ok[:, None] & c_ok[None, :]
+    inside = p_ok[:, None] if EVEN_C else p_ok[:, None] & c_ok[None, :]
     if HAS_BIAS:
         acc += tl.load(bias + rc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
@@ -88,5 +89,6 @@ def depthwise_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int,
                             pads[0], pads[1], dh, dw, float(act_alpha), float(act_beta),
                             *x.stride(), *r.stride(), *y.stride(), KH=kh, KW=kw,
                             HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
-                            BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"])
+                            EVEN_C=c % cfg["BLOCK_C"] == 0, BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
+                            num_warps=cfg["num_warps"])
     return y
