@@ -12,17 +12,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kiln.builder.autotune import TOLERANCE  # noqa: E402
-from kiln.ir import DType  # noqa: E402
 from kiln.kernels import conv, depthwise_conv, direct_conv  # noqa: E402
-from kiln.kinds import run_reference  # noqa: E402
 from kiln.tactics import registry  # noqa: E402
-from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
 from kiln.target.device import Device  # noqa: E402
+
+from test_kernels_conv import _check, _spec  # noqa: E402  (the Conv tests' spec and tolerance check)
 
 CPU = Device("cpu", "cpu", "cpu")
 SMALL = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_C": 8, "num_warps": 2}
-TOL = {**TOLERANCE, torch.float32: (1e-4, 1e-4)}
 TACTIC = registry.get("triton_depthwise_conv")
 DIRECT = registry.get("triton_direct_conv")
 SMALL_DIRECT = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_N": 16, "num_warps": 2}
@@ -31,21 +28,6 @@ SMALL_DIRECT = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_N": 16, "num_warps": 2}
 def _attrs(c, k=3, stride=1, pads=(1, 1, 1, 1), dilation=1, **extra):
     return {"kernel_shape": [k, k], "strides": [stride, stride], "dilations": [dilation, dilation],
             "pads": list(pads), "group": c, "auto_pad": "NOTSET", **extra}
-
-
-def _spec(kind, attrs, inputs):
-    vals = tuple(None if t is None else ValueSpec(DType.from_torch(t.dtype), tuple(t.shape), t if i in (1, 2) else None)
-                 for i, t in enumerate(inputs))
-    want = run_reference(kind, inputs, attrs)
-    outs = tuple(ValueSpec(DType.from_torch(w.dtype), tuple(w.shape)) for w in want)
-    return LayerSpec("dw", kind, attrs, vals, outs), want[0]
-
-
-def _check(got, want):
-    rtol, atol = TOL[want.dtype]
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert got.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("k, stride, pads, dilation", [(3, 1, (1, 1, 1, 1), 1), (3, 2, (0, 1, 2, 0), 1),

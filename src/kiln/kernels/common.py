@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kiln.kernels.out_buffer import take
 from kiln.target.hardware_compat import smem_budget
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton reads it when kernels are decorated, as here
@@ -169,6 +170,21 @@ def activate(x, ACT: tl.constexpr, alpha, beta):
     return x
 
 
+@triton.jit
+def conv_epilogue(acc, bias, res, y, n, oh, ow, rc, c_ok, inside, act_alpha, act_beta, s_rn, s_rc, s_rh, s_rw,
+                  s_yn, s_yc, s_yh, s_yw, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr):
+    """A conv's fp32 tile of output pixels (n, oh, ow) × channels `rc`, plus bias and residual, activated, stored
+    into y where `inside`."""
+    if HAS_BIAS:
+        acc += tl.load(bias + rc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        r = res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rc[None, :] * s_rc
+        acc += tl.load(r, mask=inside, other=0.0).to(tl.float32)
+    acc = activate(acc, ACT, act_alpha, act_beta)
+    out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rc[None, :] * s_yc
+    tl.store(out, acc.to(y.dtype.element_ty), mask=inside)
+
+
 ACTIVATIONS = ("none", "relu", "leaky_relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu",
                "hard_sigmoid", "hard_swish", "softsign", "elu", "clip")
 
@@ -193,3 +209,23 @@ def row_configs(n: int, level: int) -> list[dict]:
             if 1 <= block // (32 * warps) <= 64 and cfg not in out:
                 out.append(cfg)
     return out
+
+
+def tile_configs(space, keys, limits: dict, fallback: dict, per_level: dict, level: int) -> list[dict]:
+    """The tiles of `space` (tuples of `keys`' values) within `limits` (a key's largest value), deduplicated,
+    best-first, `per_level[level]` of them (all above the listed levels); `fallback` when none fits."""
+    out = []
+    for t in space:
+        cfg = dict(zip(keys, t))
+        if all(cfg[k] <= v for k, v in limits.items()) and cfg not in out:
+            out.append(cfg)
+    return (out or [fallback])[:per_level.get(level, len(out) or 1)]
+
+
+def conv_output(x: torch.Tensor, co: int, kernel, strides, pads, dilations, out: torch.Tensor | None) -> torch.Tensor:
+    """A 2-D conv's output for input x [N, C, H, W]: NCHW-shaped, channels_last, x's dtype (in `out`'s bytes when
+    given); pads [top, left, bottom, right]."""
+    (n, _, h, wd), (kh, kw), (sh, sw), (dh, dw) = x.shape, kernel, strides, dilations
+    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+    return take(out, (n, co, oh, ow), x.dtype, x.device, torch.channels_last)

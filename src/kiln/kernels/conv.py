@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, output_pixels, pow2, upcast_dot
-from kiln.kernels.out_buffer import take
+from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, conv_epilogue, conv_output, dot_precision, output_pixels,
+                                pow2, upcast_dot)
 
 PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # configs offered per opt level; all from level 4
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
@@ -47,15 +47,8 @@ def _conv_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, CO, KH, KW, sh, sw, ph,
                     a = a.to(tl.float32)
                     b = b.to(tl.float32)
                 acc += tl.dot(a, b, input_precision=PRECISION)
-    inside = m_ok[:, None] & n_ok[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        r = res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rn[None, :] * s_rc
-        acc += tl.load(r, mask=inside, other=0.0).to(tl.float32)
-    acc = activate(acc, ACT, act_alpha, act_beta)
-    out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc
-    tl.store(out, acc.to(y.dtype.element_ty), mask=inside)
+    conv_epilogue(acc, bias, res, y, n, oh, ow, rn, n_ok, m_ok[:, None] & n_ok[None, :], act_alpha, act_beta,
+                  s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS, HAS_RES, ACT)
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
@@ -95,9 +88,8 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], str
         raise ValueError(f"unknown activation {activation!r}")
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
     (sh, sw), (dh, dw) = strides, dilations
-    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    y = take(out, (n, co, oh, ow), x.dtype, x.device, torch.channels_last)
+    y = conv_output(x, co, kernel, strides, pads, dilations, out)
+    oh, ow = y.shape[2:]
     if y.numel() == 0:
         return y
     cfg = config or configs(n * oh * ow, co, c, x.element_size(), DEFAULT_SMEM, 1)[0]

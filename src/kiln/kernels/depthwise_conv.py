@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, activate, output_pixels, pow2
-from kiln.kernels.out_buffer import take
+from kiln.kernels.common import ACTIVATIONS, conv_epilogue, conv_output, output_pixels, pow2, tile_configs
 
 CONFIG_KEYS = ("BLOCK_P", "BLOCK_C", "num_warps")
 _SPACE = [(64, 32, 4), (32, 64, 4), (128, 32, 4), (16, 128, 4), (64, 64, 4), (32, 128, 8), (128, 64, 8), (8, 256, 4)]
@@ -40,14 +39,8 @@ def _depthwise_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, sh, sw, ph, pw, dh
             b = tl.load(w + (kh * KW + kw) * C + rc, mask=c_ok, other=0.0)
             acc += a.to(tl.float32) * b.to(tl.float32)[None, :]
     inside = p_ok[:, None] if EVEN_C else p_ok[:, None] & c_ok[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias + rc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        r = res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rc[None, :] * s_rc
-        acc += tl.load(r, mask=inside, other=0.0).to(tl.float32)
-    acc = activate(acc, ACT, act_alpha, act_beta)
-    out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rc[None, :] * s_yc
-    tl.store(out, acc.to(y.dtype.element_ty), mask=inside)
+    conv_epilogue(acc, bias, res, y, n, oh, ow, rc, c_ok, inside, act_alpha, act_beta,
+                  s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS, HAS_RES, ACT)
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
@@ -57,13 +50,8 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 def configs(pixels: int | None, c: int, level: int) -> list[dict]:
     """Tiles no larger than the problem (output pixels, channels), best-first; fewer at low levels."""
-    out = []
-    for t in _SPACE:
-        cfg = dict(zip(CONFIG_KEYS, t))
-        if cfg["BLOCK_C"] <= pow2(c, 8, 256) and cfg["BLOCK_P"] <= pow2(pixels or 128, 8, 128) and cfg not in out:
-            out.append(cfg)
-    out = out or [{"BLOCK_P": 16, "BLOCK_C": pow2(c, 8, 64), "num_warps": 2}]
-    return out[:PER_LEVEL.get(level, len(out))]
+    return tile_configs(_SPACE, CONFIG_KEYS, {"BLOCK_C": pow2(c, 8, 256), "BLOCK_P": pow2(pixels or 128, 8, 128)},
+                        {"BLOCK_P": 16, "BLOCK_C": pow2(c, 8, 64), "num_warps": 2}, PER_LEVEL, level)
 
 
 def depthwise_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,
@@ -77,9 +65,8 @@ def depthwise_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int,
         raise ValueError(f"unknown activation {activation!r}")
     (n, c, h, wd), (kh, kw) = x.shape, kernel
     (sh, sw), (dh, dw) = strides, dilations
-    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    y = take(out, (n, c, oh, ow), x.dtype, x.device, torch.channels_last)
+    y = conv_output(x, c, kernel, strides, pads, dilations, out)
+    oh, ow = y.shape[2:]
     if y.numel() == 0:
         return y
     cfg = config or configs(n * oh * ow, c, 1)[0]

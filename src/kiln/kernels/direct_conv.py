@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, activate, output_pixels, pow2
-from kiln.kernels.out_buffer import take
+from kiln.kernels.common import ACTIVATIONS, conv_epilogue, conv_output, output_pixels, pow2, tile_configs
 
 MAX_TAPS = 36  # C·KH·KW a direct conv takes: each tap is unrolled (ResNet-50's 147-tap 7x7 stem compiled for
 # tens of seconds and needs tensor cores anyway)
@@ -41,26 +40,14 @@ def _direct_kernel(x, w, bias, res, y, N, H, W, OH, OW, CO, sh, sw, ph, pw, dh, 
                 a = tl.load(pixel + c * s_xc, mask=ok, other=0.0).to(tl.float32)
                 b = tl.load(w + ((kh * KW + kw) * C + c) * CO + rn, mask=n_ok, other=0.0).to(tl.float32)
                 acc += a[:, None] * b[None, :]
-    inside = p_ok[:, None] & n_ok[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        r = res + (n * s_rn + oh * s_rh + ow * s_rw)[:, None] + rn[None, :] * s_rc
-        acc += tl.load(r, mask=inside, other=0.0).to(tl.float32)
-    acc = activate(acc, ACT, act_alpha, act_beta)
-    out = y + (n * s_yn + oh * s_yh + ow * s_yw)[:, None] + rn[None, :] * s_yc
-    tl.store(out, acc.to(y.dtype.element_ty), mask=inside)
+    conv_epilogue(acc, bias, res, y, n, oh, ow, rn, n_ok, p_ok[:, None] & n_ok[None, :], act_alpha, act_beta,
+                  s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS, HAS_RES, ACT)
 
 
 def configs(pixels: int | None, co: int, level: int) -> list[dict]:
     """Tiles no larger than the problem (output pixels, output channels), best-first; fewer at low levels."""
-    out = []
-    for t in _SPACE:
-        cfg = dict(zip(CONFIG_KEYS, t))
-        if cfg["BLOCK_N"] <= pow2(co, 16, 128) and cfg["BLOCK_P"] <= pow2(pixels or 256, 16, 256) and cfg not in out:
-            out.append(cfg)
-    out = out or [{"BLOCK_P": 16, "BLOCK_N": pow2(co, 16, 64), "num_warps": 2}]
-    return out[:PER_LEVEL.get(level, len(out))]
+    return tile_configs(_SPACE, CONFIG_KEYS, {"BLOCK_N": pow2(co, 16, 128), "BLOCK_P": pow2(pixels or 256, 16, 256)},
+                        {"BLOCK_P": 16, "BLOCK_N": pow2(co, 16, 64), "num_warps": 2}, PER_LEVEL, level)
 
 
 def direct_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,
@@ -76,9 +63,8 @@ def direct_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, in
     if c * kh * kw > MAX_TAPS:
         raise ValueError(f"a direct conv takes at most {MAX_TAPS} taps (C·KH·KW), not {c * kh * kw}")
     (sh, sw), (dh, dw) = strides, dilations
-    oh = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
-    y = take(out, (n, co, oh, ow), x.dtype, x.device, torch.channels_last)
+    y = conv_output(x, co, kernel, strides, pads, dilations, out)
+    oh, ow = y.shape[2:]
     if y.numel() == 0:
         return y
     cfg = config or configs(n * oh * ow, co, 1)[0]
