@@ -153,6 +153,19 @@ def accuracy(names: list[str], got: list[torch.Tensor], want: list[torch.Tensor]
     return out
 
 
+def failed_candidates(engine) -> dict[str, dict[str, int]]:
+    """Candidates that compiled but failed their check (error, mismatch, memory), by tactic and reason: layers
+    counted. MobileNetV2 at batch 1 sometimes built with no Triton conv at all (0.35 against 0.2 ms); this says
+    why next time."""
+    out: dict[str, dict[str, int]] = {}
+    for choice in engine.tactics.values():
+        for label, why in getattr(choice, "rejected", None) or ():
+            if "{" in str(label):  # a tactic with a config: it was compiled and checked (not refused up front)
+                reasons = out.setdefault(str(label).split("{")[0], {})
+                reasons[str(why)[:160]] = reasons.get(str(why)[:160], 0) + 1
+    return out
+
+
 def bench_kiln(spec: Spec, path: Path, inputs: dict, want: list, precision: str, args) -> dict:
     """Build the engine (build time recorded), check it against torch, time it."""
     shapes = {k: tuple(v.shape) for k, v in inputs.items()}
@@ -174,7 +187,7 @@ def bench_kiln(spec: Spec, path: Path, inputs: dict, want: list, precision: str,
     result = {"build_seconds": info["build_seconds"], "tactics": info.get("tactics"),
               "timing_cache": info.get("timing_cache"), "build_notes": info.get("notes"),
               "build_phases": info.get("build_phases"), "build_counts": info.get("build_counts"),
-              "build_check_seconds": info.get("build_check_seconds"),
+              "build_check_seconds": info.get("build_check_seconds"), "failed_candidates": failed_candidates(engine),
               "accuracy": accuracy(spec.output_names, [outs[n] for n in spec.output_names], want)}
     return result | timed(lambda: ctx.run(feeds), args.device, next(iter(shapes.values()))[0], args.quick)
 

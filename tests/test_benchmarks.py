@@ -164,3 +164,19 @@ def test_peer_runs_keep_the_fastest_and_record_every_median(tmp_path, monkeypatc
     eager = row["peers"]["eager"]
     assert eager["run_medians_ms"] == [5.0, 3.0, 4.0] and eager["median_ms"] == 3.0
     assert row["speedup_vs_best_peer"] == 3.0
+
+
+def test_failed_candidates_counts_checked_failures_by_tactic_and_reason():
+    """Only candidates that were compiled and checked (labels with a config) count; refusals up front do not."""
+    from benchmarks import suite
+    from kiln.tactics.choice import Choice
+
+    class Engine:
+        tactics = {"a": Choice("cudnn_fused_conv", rejected=[("triton_conv{'BLOCK_M': 64}", "failed: RuntimeError: x"),
+                                                             ("triton_depthwise_conv", "only depthwise convolutions")]),
+                   "b": Choice("cudnn_fused_conv", rejected=[("triton_conv{'BLOCK_M': 32}", "failed: RuntimeError: x"),
+                                                             ("triton_direct_conv{'BLOCK_P': 16}", "outputs differ")]),
+                   "c": Choice("triton_conv")}
+
+    assert suite.failed_candidates(Engine()) == {"triton_conv": {"failed: RuntimeError: x": 2},
+                                                 "triton_direct_conv": {"outputs differ": 1}}
