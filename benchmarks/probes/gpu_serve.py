@@ -398,19 +398,44 @@ def stage_means(before: dict, after: dict) -> dict:
 LAG = re.compile(r'kiln_event_loop_lag_seconds_(count|sum|bucket)\{(?:le="([^"]+)",)?process="([^"]+)"\} (\S+)')
 
 
-def loop_lags(http_url: str) -> dict:
-    """Each server process's event-loop lag samples from /metrics: process → {count, sum, within_5ms}."""
+FRONT = re.compile(r'kiln_frontend_(request|link)_seconds_(count|sum)\{model="([^"]+)"\} (\S+)')
+
+
+def metrics_text(http_url: str) -> str:
+    """The server's /metrics exposition ('' without an HTTP port or when it does not answer)."""
     import urllib.request
 
     if not http_url:
-        return {}
+        return ""
     try:
         with urllib.request.urlopen(f"http://{http_url.removeprefix('http://')}/metrics", timeout=5) as r:
-            text = r.read().decode()
+            return r.read().decode()
     except OSError:
-        return {}
+        return ""
+
+
+def front_totals(http_url: str) -> dict:
+    """The front ends' (--frontends) request and link-round-trip histograms: (model, stage) → [count, sum], summed."""
     out: dict = {}
-    for kind, le, process, value in LAG.findall(text):
+    for stage, kind, model, value in FRONT.findall(metrics_text(http_url)):
+        out.setdefault((model, stage), [0.0, 0.0])[kind == "sum"] += float(value)
+    return out
+
+
+def front_delta(before: dict, after: dict, model: str) -> dict:
+    """Over a run, a request's mean time in its front end and on the link (ms): where the front ends' time goes."""
+    out = {}
+    for stage in ("request", "link"):
+        (c0, s0), (c1, s1) = before.get((model, stage), [0.0, 0.0]), after.get((model, stage), [0.0, 0.0])
+        if c1 > c0:
+            out[f"frontend_{stage}_ms"] = round((s1 - s0) / (c1 - c0) * 1e3, 3)
+    return out
+
+
+def loop_lags(http_url: str) -> dict:
+    """Each server process's event-loop lag samples from /metrics: process → {count, sum, within_5ms}."""
+    out: dict = {}
+    for kind, le, process, value in LAG.findall(metrics_text(http_url)):
         entry = out.setdefault(process, {"count": 0.0, "sum": 0.0, "within_5ms": 0.0})
         if kind != "bucket":
             entry[kind] = float(value)
@@ -683,10 +708,11 @@ class Probe:
             for job, n in zip(jobs, split(requests, len(per))):
                 job |= {"duration": None, "requests": n}
         before, stages = statistics(self.server.url, model), stage_totals(self.server.url, model)
-        lags = loop_lags(self.server.http_url)
+        lags, fronts = loop_lags(self.server.http_url), front_totals(self.server.http_url)
         parts = self.clients.run(jobs, timeout_s=(duration or 0) + 300)
         out = combine(parts) | {"concurrency": concurrency, "per_process_concurrency": per}
         out["loop_lag"] = lag_delta(lags, loop_lags(self.server.http_url))
+        out["frontends"] = front_delta(fronts, front_totals(self.server.http_url), model)
         out["server"] = stats_delta(before, statistics(self.server.url, model))
         out["server_stages"] = stage_means(stages, stage_totals(self.server.url, model))
         out["mean_batch"] = out["server"]["mean_batch"]
@@ -722,6 +748,7 @@ class Probe:
                    str(int(a.duration * 1000 / 2)), "--max-trials", "4", "--stability-percentage", "25", "-f", str(csv),
                    "--shared-memory", shm, *a.perf_analyzer_args.split()]
         before, lags = statistics(self.server.url, model), loop_lags(self.server.http_url)
+        fronts = front_totals(self.server.http_url)
         run = subprocess.run(command, capture_output=True, text=True, timeout=a.duration * 6 + 60)
         if run.returncode != 0:  # exit -9 at concurrency 64 in stops 42-43: keep what may say why
             peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -737,6 +764,7 @@ class Probe:
                "stdout_tail": run.stdout[-1200:]}
         out["server"] = stats_delta(before, statistics(self.server.url, model))
         out["loop_lag"] = lag_delta(lags, loop_lags(self.server.http_url))
+        out["frontends"] = front_delta(fronts, front_totals(self.server.http_url), model)
         out["mean_batch"] = out["server"]["mean_batch"]
         off = self.engines[key].get("offline") or {}
         if concurrency == 1 and off.get("b1_host_ms"):
@@ -1071,6 +1099,7 @@ def _brief(out) -> str:
             "max_abs_diff", "rss_growth_after_warmup_mb", "requests_used")
     brief = [f"{k} {out[k]:.4g}" if isinstance(out[k], float) else f"{k} {out[k]}"
              for k in keys if k in out and out[k] is not None]
+    brief += [f"{k.replace('_', ' ')} {v}" for k, v in (out.get("frontends") or {}).items()]
     brief += [f"loop lag {p} {v['mean_lag_ms']} ms ({v['late_over_5ms']:.0%} > 5 ms)"
               for p, v in (out.get("loop_lag") or {}).items()]
     return ", ".join(brief)

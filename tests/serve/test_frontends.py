@@ -139,6 +139,19 @@ def test_a_front_end_whose_engine_is_gone_fails_its_requests(repo, tmp_path):
     asyncio.run(main())
 
 
+def _frontend_seconds(port: int) -> dict[str, float]:
+    """The front ends' request and link histograms' counts and sums for MODEL, summed over the front ends."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for name, value in re.findall(r'(kiln_frontend_(?:request|link)_seconds_(?:count|sum))\{model="%s"\} (\S+)' % MODEL,
+                                  text):
+        out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
 def test_two_front_ends_and_an_engine_serve_http_grpc_metrics_and_statistics(repo):
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -157,6 +170,9 @@ def test_two_front_ends_and_an_engine_serve_http_grpc_metrics_and_statistics(rep
                 np.testing.assert_array_equal(client.infer(MODEL, [inp]).as_numpy("y"), x * 2 + 1)
                 client.close()
         assert _requests_counted(metrics) == 32  # the engine process counts every front end's requests
+        front = _frontend_seconds(metrics)  # each front end times its requests and their link round trips
+        assert front["kiln_frontend_request_seconds_count"] == front["kiln_frontend_link_seconds_count"] == 32
+        assert 0 < front["kiln_frontend_link_seconds_sum"] <= front["kiln_frontend_request_seconds_sum"]
         import time
 
         time.sleep(3 * STATE_REFRESH_S)

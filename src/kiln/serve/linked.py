@@ -132,8 +132,8 @@ class LinkedConfig:
 class LinkedModel:
     """A READY model of the engine process, as a front end serves it (`ServedModel`'s interface)."""
 
-    def __init__(self, link_: Link, state: dict):
-        self.link, self.name, self.version = link_, state["name"], state["version"]
+    def __init__(self, link_: Link, state: dict, metrics=None):
+        self.link, self.name, self.version, self.metrics = link_, state["name"], state["version"], metrics
         self.update(state)
 
     def update(self, state: dict) -> None:
@@ -178,9 +178,14 @@ class LinkedModel:
             parts = link.inline(entries, inputs, 0)
         header["inputs"] = entries
         reply, outputs = await lk.call(header, parts, slot)
+        linked = time.perf_counter_ns()
         if "error" in reply:
             link.raise_error(reply)
-        return encode(outputs) if encode is not None else outputs
+        result = encode(outputs) if encode is not None else outputs
+        if self.metrics is not None:
+            self.metrics.frontend(self.name, (time.perf_counter_ns() - (begin if start_ns is None else start_ns)) / 1e9,
+                                  (linked - begin) / 1e9)
+        return result
 
 
 @dataclass(frozen=True)
@@ -266,7 +271,7 @@ class LinkedRepository(ModelRepository):
             if key in served:
                 model = old.get(key)
                 if model is None:
-                    model = LinkedModel(self.link, served[key])
+                    model = LinkedModel(self.link, served[key], self.metrics)
                 else:
                     model.update(served[key])
             entries.setdefault(e["name"], {})[e["version"]] = Entry(e["name"], e["version"], e["state"],

@@ -58,6 +58,15 @@ class Metrics:
         self.compute_output_seconds = Histogram("kiln_inference_compute_output_seconds",
                                                 "Batch output split and response encoding per successful request.",
                                                 ["model"], buckets=TIME_BUCKETS, registry=self.registry)
+        self.frontend_seconds = Histogram("kiln_frontend_request_seconds",
+                                          "Under --frontends: a front end's time for a successful request, protocol "
+                                          "decode to encode, the link round trip included.", ["model"],
+                                          buckets=TIME_BUCKETS, registry=self.registry)
+        self.link_seconds = Histogram("kiln_frontend_link_seconds",
+                                      "Under --frontends: a request's round trip over the link to the engine process, "
+                                      "as its front end sees it (the engine's kiln_inference_request_seconds is the "
+                                      "part inside the engine process).", ["model"], buckets=TIME_BUCKETS,
+                                      registry=self.registry)
 
         self.loop_lag = Histogram("kiln_event_loop_lag_seconds",
                                   f"How late the event loop ran a timer set {LOOP_SAMPLE_S * 1e3:g} ms ahead, by "
@@ -89,6 +98,11 @@ class Metrics:
         self._child(self.request_seconds, model).observe(request_s)
         self._child(self.compute_input_seconds, model).observe(input_s)
         self._child(self.compute_output_seconds, model).observe(output_s)
+
+    def frontend(self, model: str, request_s: float, link_s: float) -> None:
+        """Record one successful request in a front end: its time there and its link round trip."""
+        self._child(self.frontend_seconds, model).observe(request_s)
+        self._child(self.link_seconds, model).observe(link_s)
 
     async def watch_loop(self, process: str, interval_s: float = LOOP_SAMPLE_S) -> None:
         """Observe the running loop's lag as `process` every `interval_s` until cancelled."""
