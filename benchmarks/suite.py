@@ -153,16 +153,17 @@ def accuracy(names: list[str], got: list[torch.Tensor], want: list[torch.Tensor]
     return out
 
 
-def failed_candidates(engine) -> dict[str, dict[str, int]]:
-    """Candidates that compiled but failed their check (error, mismatch, memory), by tactic and reason: layers
-    counted. MobileNetV2 at batch 1 sometimes built with no Triton conv at all (0.35 against 0.2 ms); this says
-    why next time."""
+def rejected_candidates(engine) -> dict[str, dict[str, int]]:
+    """Every tactic a layer did not get and why, by tactic and reason (layers counted): refused up front (cannot run
+    the layer), left out (superseded), compiled and failed its check, or timed slower than the winner. MobileNetV2 at
+    batch 1 sometimes built with no Triton conv at all (0.35 against 0.2 ms); this says why next time."""
     out: dict[str, dict[str, int]] = {}
     for choice in engine.tactics.values():
-        for label, why in getattr(choice, "rejected", None) or ():
-            if "{" in str(label):  # a tactic with a config: it was compiled and checked (not refused up front)
-                reasons = out.setdefault(str(label).split("{")[0], {})
-                reasons[str(why)[:160]] = reasons.get(str(why)[:160], 0) + 1
+        losers = {str(label).split("{")[0] for label, _ in getattr(choice, "timed", None) or ()} - {choice.tactic}
+        lost = [(name, "timed slower than the winner") for name in losers]
+        for label, why in [*(getattr(choice, "rejected", None) or ()), *lost]:
+            reasons = out.setdefault(str(label).split("{")[0], {})
+            reasons[str(why)[:160]] = reasons.get(str(why)[:160], 0) + 1
     return out
 
 
@@ -187,7 +188,8 @@ def bench_kiln(spec: Spec, path: Path, inputs: dict, want: list, precision: str,
     result = {"build_seconds": info["build_seconds"], "tactics": info.get("tactics"),
               "timing_cache": info.get("timing_cache"), "build_notes": info.get("notes"),
               "build_phases": info.get("build_phases"), "build_counts": info.get("build_counts"),
-              "build_check_seconds": info.get("build_check_seconds"), "failed_candidates": failed_candidates(engine),
+              "build_check_seconds": info.get("build_check_seconds"),
+              "rejected_candidates": rejected_candidates(engine),
               "accuracy": accuracy(spec.output_names, [outs[n] for n in spec.output_names], want)}
     return result | timed(lambda: ctx.run(feeds), args.device, next(iter(shapes.values()))[0], args.quick)
 

@@ -166,8 +166,9 @@ def test_peer_runs_keep_the_fastest_and_record_every_median(tmp_path, monkeypatc
     assert row["speedup_vs_best_peer"] == 3.0
 
 
-def test_failed_candidates_counts_checked_failures_by_tactic_and_reason():
-    """Only candidates that were compiled and checked (labels with a config) count; refusals up front do not."""
+def test_rejected_candidates_counts_by_tactic_and_reason():
+    """Refusals up front, failed checks and timing losses alike, by tactic (a candidate's config stripped) and
+    reason; the winner's other configs are not losses."""
     from benchmarks import suite
     from kiln.tactics.choice import Choice
 
@@ -175,8 +176,10 @@ def test_failed_candidates_counts_checked_failures_by_tactic_and_reason():
         tactics = {"a": Choice("cudnn_fused_conv", rejected=[("triton_conv{'BLOCK_M': 64}", "failed: RuntimeError: x"),
                                                              ("triton_depthwise_conv", "only depthwise convolutions")]),
                    "b": Choice("cudnn_fused_conv", rejected=[("triton_conv{'BLOCK_M': 32}", "failed: RuntimeError: x"),
-                                                             ("triton_direct_conv{'BLOCK_P': 16}", "outputs differ")]),
-                   "c": Choice("triton_conv")}
+                                                             ("triton_depthwise_conv", "only depthwise convolutions")]),
+                   "c": Choice("triton_conv", timed=[("triton_conv{'BLOCK_M': 64}", 3.0), ("triton_conv{}", 4.0),
+                                                     ("cudnn_fused_conv{'layout': 'nhwc'}", 5.0)])}
 
-    assert suite.failed_candidates(Engine()) == {"triton_conv": {"failed: RuntimeError: x": 2},
-                                                 "triton_direct_conv": {"outputs differ": 1}}
+    assert suite.rejected_candidates(Engine()) == {
+        "triton_conv": {"failed: RuntimeError: x": 2}, "triton_depthwise_conv": {"only depthwise convolutions": 2},
+        "cudnn_fused_conv": {"timed slower than the winner": 1}}
