@@ -1,5 +1,6 @@
-"""A patch convolution (2-D, kernel = stride, no padding: ViT's patch embedding) as one GEMM: the image cut into
-patches (one copy) times the flattened weights, bias in cuBLASLt's epilogue. cuDNN runs ViT-B/16's 16×16 stride-16
+"""A patch convolution (2-D, kernel = stride, no padding: ViT's patch embedding, and every 1×1 conv) as one GEMM: the
+image cut into patches (one copy, none for a channels_last 1×1) times the flattened weights, bias in cuBLASLt's
+epilogue. cuDNN runs ViT-B/16's 16×16 stride-16
 conv at batch 64 in 0.5 ms, ten times its FLOPs' time on an H200."""
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ def _supports(spec: LayerSpec, device) -> str | None:
         return "grouped convolutions and auto_pad are not patch GEMMs"
     return float_io(spec)
 
+
 def _configs(spec: LayerSpec, device, level: int):
     """The output in NCHW memory (one more copy) or NHWC (the GEMM's own rows, channels_last)."""
     return [{"layout": "nchw"}, {"layout": "nhwc"}]
+
 
 def _compile(spec: LayerSpec, config, device):
     weight = spec.inputs[1].const
