@@ -1,7 +1,7 @@
 """A patch convolution (2-D, kernel = stride, no padding: ViT's patch embedding, and every 1×1 conv) as one GEMM: the
 image cut into patches (one copy, none for a channels_last 1×1) times the flattened weights, bias in cuBLASLt's
-epilogue. cuDNN runs ViT-B/16's 16×16 stride-16
-conv at batch 64 in 0.5 ms, ten times its FLOPs' time on an H200."""
+epilogue. cuDNN ran ViT-B/16's 16×16 stride-16 conv at batch 64 in 0.5 ms on an H200, over twenty times its FLOPs'
+time; this GEMM took 0.064 ms."""
 
 from __future__ import annotations
 
