@@ -31,6 +31,10 @@ REPEATS = {0: 0, 1: 5, 2: 10, 3: 20, 4: 30, 5: 50}
 CONFIGS_PER_TACTIC = {0: 1, 1: 1, 2: 2, 3: 8, 4: 32, 5: 1000}
 PREFETCH = "tune: compile + check"  # the progress stage of Autotuner.prefetch
 CUTOFF = 3.0  # a candidate whose one warm-up run took over 3x the best time so far is timed no further
+# ... and over this many µs: one warm-up run's time carries launch jitter of tens of µs (gVisor hosts), so against a
+# 5 µs best the cutoff threw out every Triton conv of MobileNetV2 at batch 1 in some builds; timing a candidate of
+# under 0.2 ms in full costs a few ms
+CUTOFF_FLOOR_US = 200.0
 TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 # Quantized layers (int32 accumulation is exact in every tactic): a requantized int8 output may differ by
 # 1 LSB (an fp32 epilogue value one ulp apart lands on the other side of a .5); a dequantized fp32 output
@@ -447,7 +451,7 @@ class Autotuner:
                 best = min((t[0] for t in timed), default=None)
                 with self.phases.phase("tune: timing"):  # one far slower than the best so far is not timed in full
                     us = device_time_us(kernel, _in_layout(reference[0], spec, config), REPEATS[self.level],
-                                        cutoff_us=None if best is None else CUTOFF * best)
+                                        cutoff_us=None if best is None else max(CUTOFF * best, CUTOFF_FLOOR_US))
                 timed.append((us, tactic.name, config, label))
         if not timed:
             return Choice(registry.REFERENCE, {}, None, "fallback", rejected)
