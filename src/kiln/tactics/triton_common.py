@@ -1,12 +1,13 @@
 """What the Triton tactics share: one float dtype across the values a kernel touches and the device's support, the
-fused epilogue's activation spec, the GEMM rows of a value or a conv's output, the NHWC config mark."""
+fused epilogue's activation spec, the GEMM rows of a value or a conv's output, the NHWC config mark, the checks every
+Triton conv tactic makes."""
 
 from __future__ import annotations
 
 import math
 
 from kiln.kernels.common import dtype_reason
-from kiln.tactics.common import float_io
+from kiln.tactics.common import float_io, rank
 from kiln.tactics.spec import LayerSpec, ValueSpec
 
 
@@ -50,3 +51,20 @@ def conv_rows(out: tuple | None) -> int | None:
 def mark_nhwc(configs) -> list[dict]:
     """Configs marked NHWC: the autotuner times them on the channels_last input their NHWC neighbours write."""
     return [{"layout": "nhwc", **c} for c in configs]
+
+
+def conv_reason(spec: LayerSpec, device) -> str | None:
+    """Why a Triton conv tactic cannot run this Conv / FusedConv whatever its channels and groups, or None: constant
+    weights, 2-D, explicit pads, an activation the epilogue has, a 1-D bias, one float dtype."""
+    a, w = spec.attrs, spec.inputs[1]
+    if w is None or w.const is None:
+        return "weights are not a build-time constant"
+    if rank(spec.inputs[0]) != 4 or len(a.get("kernel_shape", ())) != 2:
+        return "only 2-D convolutions"
+    if a.get("auto_pad", "NOTSET") != "NOTSET":
+        return "pads are not explicit (input shape unknown at build)"
+    if a.get("activation", "none") not in FUSED_ACTS:
+        return f"activation {a['activation']!r} has no Triton epilogue"
+    if len(spec.inputs) > 2 and spec.inputs[2] is not None and rank(spec.inputs[2]) != 1:
+        return "bias is not 1-D"
+    return io_reason(spec, [v for v in (*spec.inputs, spec.outputs[0]) if v is not None], device)

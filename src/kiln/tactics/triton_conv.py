@@ -5,28 +5,16 @@ from __future__ import annotations
 
 from kiln.kernels import conv
 from kiln.kernels.common import smem_limit
-from kiln.tactics.common import first, rank
+from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_common import FUSED_ACTS, conv_rows, epilogue, io_reason, mark_nhwc
+from kiln.tactics.triton_common import conv_reason, conv_rows, epilogue, mark_nhwc
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
-    a, w = spec.attrs, spec.inputs[1]
-    if w is None or w.const is None:
-        return "weights are not a build-time constant"
-    if rank(spec.inputs[0]) != 4 or len(a.get("kernel_shape", ())) != 2:
-        return "only 2-D convolutions"
-    if a.get("group", 1) != 1:
+    if spec.attrs.get("group", 1) != 1:
         return "grouped and depthwise convolutions"
-    if a.get("auto_pad", "NOTSET") != "NOTSET":
-        return "pads are not explicit (input shape unknown at build)"
-    if a.get("activation", "none") not in FUSED_ACTS:
-        return f"activation {a['activation']!r} has no Triton epilogue"
-    values = [v for v in (*spec.inputs, spec.outputs[0]) if v is not None]
-    if len(spec.inputs) > 2 and spec.inputs[2] is not None and rank(spec.inputs[2]) != 1:
-        return "bias is not 1-D"
-    return io_reason(spec, values, device)
+    return conv_reason(spec, device)
 
 
 def _configs(spec: LayerSpec, device, level: int):

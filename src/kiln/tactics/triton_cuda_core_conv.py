@@ -5,26 +5,10 @@ constant weights; they read any input layout and write NHWC, so their configs ar
 from __future__ import annotations
 
 from kiln.kernels import conv, depthwise_conv, direct_conv
-from kiln.tactics.common import first, rank
+from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
-from kiln.tactics.triton_common import FUSED_ACTS, conv_rows, epilogue, io_reason, mark_nhwc
-
-
-def _conv_reason(spec: LayerSpec, device) -> str | None:
-    """Why neither CUDA-core conv can run this layer whatever its channels, or None."""
-    a, w = spec.attrs, spec.inputs[1]
-    if w is None or w.const is None:
-        return "weights are not a build-time constant"
-    if rank(spec.inputs[0]) != 4 or len(a.get("kernel_shape", ())) != 2:
-        return "only 2-D convolutions"
-    if a.get("auto_pad", "NOTSET") != "NOTSET":
-        return "pads are not explicit (input shape unknown at build)"
-    if a.get("activation", "none") not in FUSED_ACTS:
-        return f"activation {a['activation']!r} has no Triton epilogue"
-    if len(spec.inputs) > 2 and spec.inputs[2] is not None and rank(spec.inputs[2]) != 1:
-        return "bias is not 1-D"
-    return io_reason(spec, [v for v in (*spec.inputs, spec.outputs[0]) if v is not None], device)
+from kiln.tactics.triton_common import conv_reason, conv_rows, epilogue, mark_nhwc
 
 
 def _depthwise_reason(spec: LayerSpec, device) -> str | None:
@@ -32,7 +16,7 @@ def _depthwise_reason(spec: LayerSpec, device) -> str | None:
     if w is not None and w.const is not None and not (w.const.shape[1] == 1
                                                       and spec.attrs.get("group", 1) == w.const.shape[0]):
         return "only depthwise convolutions (one filter per channel)"
-    return _conv_reason(spec, device)
+    return conv_reason(spec, device)
 
 
 def _direct_reason(spec: LayerSpec, device) -> str | None:
@@ -41,7 +25,7 @@ def _direct_reason(spec: LayerSpec, device) -> str | None:
         return "grouped and depthwise convolutions"
     if w is not None and w.const is not None and w.const[0].numel() > direct_conv.MAX_TAPS:
         return f"more than {direct_conv.MAX_TAPS} taps (C·KH·KW): an implicit GEMM's job"
-    return _conv_reason(spec, device)
+    return conv_reason(spec, device)
 
 
 def _depthwise_configs(spec: LayerSpec, device, level: int):
