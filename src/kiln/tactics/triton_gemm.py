@@ -17,7 +17,7 @@ def _configs(spec: LayerSpec, m: int | None, device, level: int):
     return gemm.configs(m, n, k, spec.outputs[0].dtype.torch.itemsize, smem_limit(device), level)
 
 
-def _supports_matmul(spec: LayerSpec, device) -> str | None:
+def supports_matmul(spec: LayerSpec, device) -> str | None:
     """MatMul and FusedGemm: a constant 2-D right operand, an N-D left operand, an optional 1-D bias."""
     w = spec.inputs[1]
     if w is None or w.const is None or w.const.dim() != 2:
@@ -83,9 +83,9 @@ def _compile_gemm(spec: LayerSpec, config, device):
     return run
 
 
-register(Tactic("triton_matmul", ("MatMul",), _compile_matmul, _supports_matmul, _configs_matmul, priority=20,
+register(Tactic("triton_matmul", ("MatMul",), _compile_matmul, supports_matmul, _configs_matmul, priority=20,
                 writes_out=True))
-register(Tactic("triton_fused_gemm", ("FusedGemm",), _compile_matmul, _supports_matmul, _configs_matmul,
+register(Tactic("triton_fused_gemm", ("FusedGemm",), _compile_matmul, supports_matmul, _configs_matmul,
                 priority=20, writes_out=True))
 register(Tactic("triton_gemm", ("Gemm",), _compile_gemm, _supports_gemm, _configs_gemm, priority=20,
                 writes_out=True))
