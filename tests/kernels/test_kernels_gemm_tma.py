@@ -17,6 +17,7 @@ from tests.kernels.test_kernels_gemm import ACTS, CPU, _check, _spec  # noqa: E4
 
 TINY = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 # bf16 only on the GPU: triton 3.6's interpreter garbles tl.dot of bf16 tiles loaded through tensor descriptors
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 HALVES = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
 
 
@@ -26,7 +27,7 @@ HALVES = [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
 def test_kernel_edges_bias_activation(dtype, act, persistent):
     """M, N and K that cut every tile (TMA's zero fill and clipped stores), bias, activation, both loop forms."""
     g = torch.Generator().manual_seed(1)
-    a, w, b = (torch.randn(s, generator=g).to(dtype) for s in ((37, 40), (24, 40), (24,)))
+    a, w, b = (torch.randn(s, generator=g).to(DEV, dtype) for s in ((37, 40), (24, 40), (24,)))
     got = gemm_tma.matmul(a, w, b, activation=act, config=dict(TINY, persistent=persistent))
     _check(got, ACTS[act](a.float() @ w.float().t() + b.float()).to(dtype))
 
