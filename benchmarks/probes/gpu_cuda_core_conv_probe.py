@@ -34,15 +34,18 @@ def row(name, c, co, side, k, stride, batch) -> dict:
     mod = depthwise_conv if depthwise else direct_conv
     launch = depthwise_conv.depthwise_conv2d if depthwise else direct_conv.direct_conv2d
     packed = (depthwise_conv.pack_weight if depthwise else conv.pack_weight)(w)
-    ys = batch * co * ((side + 2 * p - k) // stride + 1) ** 2
+    side_out = (side + 2 * p - k) // stride + 1
+    ys = batch * co * side_out ** 2
     for fmt, mem in (("nhwc", torch.channels_last), ("nchw", torch.contiguous_format)):
         xm, times = x.contiguous(memory_format=mem), {}
-        for cfg in mod.configs(ys // co, co, 4):
+        for cfg in mod.configs(ys // co, co, 4, **({"ow": side_out} if depthwise else {})):
             fn = lambda cfg=cfg: launch(xm, packed, (k, k), (stride, stride), [p] * 4, (1, 1), b,  # noqa: E731
                                         activation="clip", act_alpha=0.0, act_beta=6.0, config=cfg)
             times[str(tuple(cfg.values()))] = graph_ms(fn) * 1e3
         top = min(times, key=times.get)
         out[f"triton_{fmt}_us"], out[f"triton_{fmt}_config"], out[f"triton_{fmt}_all"] = times[top], top, times
+        if depthwise:  # the best flat run of pixels (TILE_W 0, the configs' last value), for the 2-D patches' gain
+            out[f"triton_{fmt}_flat_us"] = min(t for c, t in times.items() if c.endswith(" 0)"))
     out["floor_us"] = (x.numel() + ys) * 2 / BANDWIDTH * 1e6
     print(name, {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items() if not k.endswith("_all")},
           flush=True)

@@ -34,9 +34,11 @@ def _attrs(c, k=3, stride=1, pads=(1, 1, 1, 1), dilation=1, **extra):
                                                         (3, 1, (2, 2, 2, 2), 2), (5, 2, (2, 2, 2, 2), 1)])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("c", [12, 16])
-def test_matches_reference(k, stride, pads, dilation, channels_last, c):
+@pytest.mark.parametrize("tile_w", [0, 4])
+def test_matches_reference(k, stride, pads, dilation, channels_last, c, tile_w):
     """Strides, asymmetric pads and dilation on NCHW and channels_last inputs; 12 channels cut the 8-channel tiles
-    (16 fill them: the kernel's unmasked channel path) and the pixels cut the 16-pixel tiles."""
+    (16 fill them: the kernel's unmasked channel path) and the pixels cut the 16-pixel tiles, flat runs or 4×4
+    patches (TILE_W 4) that cut the output's rows and columns."""
     g = torch.Generator().manual_seed(k * 10 + stride)
     x = torch.randn(2, c, 9, 11, generator=g)
     if channels_last:
@@ -44,7 +46,7 @@ def test_matches_reference(k, stride, pads, dilation, channels_last, c):
     inputs = [x, torch.randn(c, 1, k, k, generator=g), torch.randn(c, generator=g)]
     spec, want = _spec("Conv", _attrs(c, k, stride, pads, dilation), inputs)
     assert TACTIC.supports(spec, CPU) is None
-    _check(TACTIC.compile(spec, SMALL, CPU)(inputs)[0], want)
+    _check(TACTIC.compile(spec, dict(SMALL, TILE_W=tile_w), CPU)(inputs)[0], want)
 
 
 @pytest.mark.parametrize("act, params, residual", [("Clip", [0.0, 6.0], False), ("Relu", [], True),
@@ -78,8 +80,22 @@ def test_only_depthwise():
     assert DIRECT.supports(spec, CPU) is None
     spec, _ = _spec("Conv", _attrs(1), [torch.randn(1, 5, 6, 6), torch.randn(4, 5, 3, 3)])  # 45 taps
     assert "taps" in DIRECT.supports(spec, CPU)
+
+
+def test_depthwise_configs_fit_the_output_width():
+    """Patches no wider than the output (7 columns: 4 or 8), flat runs offered first, every config unique."""
+    many = depthwise_conv.configs(64 * 7 * 7, 960, 5, ow=7)
+    assert many[0]["TILE_W"] == 0 and all(c["TILE_W"] <= 8 for c in many)
+    assert any(c["TILE_W"] for c in many) and len({tuple(c.values()) for c in many}) == len(many)
     spec, _ = _spec("Conv", _attrs(1, 7, 2, (3, 3, 3, 3)), [torch.randn(1, 3, 9, 9), torch.randn(4, 3, 7, 7)])
-    assert "taps" in DIRECT.supports(spec, CPU)  # ResNet-50's stem
+    assert "taps" in DIRECT.supports(spec, CPU)
+
+
+def test_depthwise_configs_fit_the_output_width():
+    """Patches no wider than the output (7 columns: 4 or 8), flat runs offered first, every config unique."""
+    many = depthwise_conv.configs(64 * 7 * 7, 960, 5, ow=7)
+    assert many[0]["TILE_W"] == 0 and all(c["TILE_W"] <= 8 for c in many)
+    assert any(c["TILE_W"] for c in many) and len({tuple(c.values()) for c in many}) == len(many)  # ResNet-50's stem
 
 
 @pytest.mark.parametrize("c, k, stride, pads", [(3, 3, 2, (1, 1, 1, 1)), (1, 3, 1, (0, 1, 2, 0)),

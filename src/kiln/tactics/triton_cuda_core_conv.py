@@ -29,7 +29,9 @@ def _direct_reason(spec: LayerSpec, device) -> str | None:
 
 
 def _depthwise_configs(spec: LayerSpec, device, level: int):
-    return mark_nhwc(depthwise_conv.configs(conv_rows(spec.outputs[0].shape), spec.inputs[1].const.shape[0], level))
+    out = spec.outputs[0].shape
+    ow = out[3] if out and isinstance(out[3], int) else None
+    return mark_nhwc(depthwise_conv.configs(conv_rows(out), spec.inputs[1].const.shape[0], level, ow))
 
 
 def _direct_configs(spec: LayerSpec, device, level: int):
@@ -44,7 +46,7 @@ def _compiler(launch, pack, keys):
         kernel, strides, dilations = tuple(a["kernel_shape"]), tuple(a["strides"]), tuple(a["dilations"])
         pads = list(a["pads"][:4])
         act, act_alpha, act_beta = epilogue(a) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
-        tiles = {k: config[k] for k in keys}
+        tiles = {k: config[k] for k in keys if k in config}  # configs cached before a key was added lack it
 
         def run(inputs, out=None):
             x, _, bias, residual = (list(inputs) + [None] * 4)[:4]
