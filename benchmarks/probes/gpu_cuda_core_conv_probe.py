@@ -17,7 +17,8 @@ BANDWIDTH = 4.8e12  # H200 HBM3e bytes/s
 # (name, input channels, output channels, side, kernel, stride): depthwise when in = out and not a stem
 SHAPES = [("dw32@112", 32, 32, 112, 3, 1), ("dw96@112/2", 96, 96, 112, 3, 2), ("dw144@56", 144, 144, 56, 3, 1),
           ("dw144@56/2", 144, 144, 56, 3, 2), ("dw192@28", 192, 192, 28, 3, 1), ("dw576@14", 576, 576, 14, 3, 1),
-          ("dw960@7", 960, 960, 7, 3, 1), ("stem3→32 3x3/2", 3, 32, 224, 3, 2)]
+          ("dw960@7", 960, 960, 7, 3, 1), ("stem3→32 3x3/2", 3, 32, 224, 3, 2),
+          ("dw32@112 1x1", 32, 32, 112, 1, 1), ("dw144@56 1x1", 144, 144, 56, 1, 1)]  # one tap: the kernel's IO alone
 
 
 def row(name, c, co, side, k, stride, batch) -> dict:
@@ -55,8 +56,10 @@ def row(name, c, co, side, k, stride, batch) -> dict:
 def main() -> None:
     ap = parser(__doc__, out="cuda-core-conv.json")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--shapes", default="", help="comma-separated substrings: only the shapes named so")
     args = ap.parse_args()
-    rows = [row(*s, args.batch) for s in SHAPES]
+    want = [w for w in args.shapes.split(",") if w]
+    rows = [row(*s, args.batch) for s in SHAPES if not want or any(w in s[0] for w in want)]
     write_json(args.out, {"batch": args.batch, "rows": rows})
 
 
