@@ -123,7 +123,6 @@ def test_page_locked_slots_reach_the_batcher_as_tensors(repo, tmp_path, monkeypa
     from kiln.serve.batcher import DynamicBatcher
 
     monkeypatch.setattr("kiln.serve.link_server.pin_map", lambda buf: True)
-    monkeypatch.setattr("kiln.serve.link_server.PIN_MIN_BYTES", 16)  # every input here (16-48 bytes)
     seen, assemble = [], DynamicBatcher._assemble
 
     def spy(self, live, *args):
@@ -136,8 +135,7 @@ def test_page_locked_slots_reach_the_batcher_as_tensors(repo, tmp_path, monkeypa
 
 
 @pytest.mark.gpu
-def test_gpu_page_locked_slots_are_uploaded_by_dma_exactly(repo, tmp_path, monkeypatch):
-    monkeypatch.setattr("kiln.serve.link_server.PIN_MIN_BYTES", 16)  # every input here (16-48 bytes)
+def test_gpu_page_locked_slots_are_uploaded_by_dma_exactly(repo, tmp_path):
     server = _slot_round_trips(repo, tmp_path, "cuda")
     if not server.pinned:
         pytest.skip("the CUDA driver refused cudaHostRegister on a memfd map on this machine")

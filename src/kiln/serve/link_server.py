@@ -18,7 +18,6 @@ from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error
 from kiln.serve.staging import pin_map
 
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards a front end before a reply waits for the socket
-PIN_MIN_BYTES = 64 << 10  # an input this large goes from a page-locked slot to the GPU without a host gather
 
 
 class LinkServer:
@@ -112,9 +111,8 @@ class LinkServer:
         try:
             model = self.repo.get(h["model"], h.get("version"))
             inputs = link.read(shm if slot is not None else payload, h["inputs"])
-            if slot is not None and id(shm) in self.pinned:  # large page-locked views: the batcher uploads them as
-                inputs = {k: torch.from_numpy(v) if v.nbytes >= PIN_MIN_BYTES else v  # they are (small ones are
-                          for k, v in inputs.items()}  # gathered: cheaper than a copy call each)
+            if slot is not None and id(shm) in self.pinned:  # page-locked views: the batcher uploads them directly
+                inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
             for name, region, offset, size, datatype, dtype, shape in h.get("regions", ()):
                 inputs[name] = self._shared().read(f"input '{name}'", TensorRef(region, offset, size), datatype, dtype,
                                                    shape)
