@@ -93,54 +93,6 @@ def test_the_link_answers_through_slots_and_inline_exactly(repo, tmp_path):
     asyncio.run(main())
 
 
-def _slot_round_trips(repo, tmp_path, device: str) -> LinkServer:
-    """Requests of 1-3 rows at once through slots (merged into batches) answered exactly on `device`; the server."""
-    async def main():
-        engine = ModelRepository(repo, device=device)
-        engine.start()
-        spec = LinkSpec(str(tmp_path / "p.sock"), (memfd("test-pin", 8 * 4096),), 8, 4096)
-        server = LinkServer(engine, spec)
-        await server.start()
-        front = LinkedRepository(repo, LinkSpec(spec.path, spec.fds, 8, 4096, frontend=0))
-        await front.start()
-        try:
-            xs = [np.full((1 + i % 3, 4), i, np.float32) for i in range(8)]
-            for _ in range(3):  # the slots are reused: each round's inputs overwrite the last
-                got = await asyncio.gather(*(front.get(MODEL).infer({"x": x}) for x in xs))
-                for x, y in zip(xs, got):
-                    np.testing.assert_allclose(y["y"], x * 2 + 1, rtol=1e-3)
-                xs = [x + 100 for x in xs]
-        finally:
-            await _close(engine, server, front)
-        return server
-
-    return asyncio.run(main())
-
-
-def test_page_locked_slots_reach_the_batcher_as_tensors(repo, tmp_path, monkeypatch):
-    """Where the slots are page-locked the engine process hands the batcher tensor views of them (on a GPU: copied
-    straight to the device); here the lock is pretended, and the CPU engine batches the tensors exactly."""
-    from kiln.serve.batcher import DynamicBatcher
-
-    monkeypatch.setattr("kiln.serve.link_server.pin_map", lambda buf: True)
-    seen, assemble = [], DynamicBatcher._assemble
-
-    def spy(self, live, *args):
-        seen.extend(type(r.inputs["x"]) for r in live)
-        return assemble(self, live, *args)
-
-    monkeypatch.setattr(DynamicBatcher, "_assemble", spy)
-    assert _slot_round_trips(repo, tmp_path, "cpu").pinned
-    assert seen and set(seen) == {torch.Tensor}
-
-
-@pytest.mark.gpu
-def test_gpu_page_locked_slots_are_uploaded_by_dma_exactly(repo, tmp_path):
-    server = _slot_round_trips(repo, tmp_path, "cuda")
-    if not server.pinned:
-        pytest.skip("the CUDA driver refused cudaHostRegister on a memfd map on this machine")
-
-
 def test_a_cancelled_request_is_dropped_by_the_engine_and_frees_its_slot(repo, tmp_path):
     (repo / MODEL / "config.toml").write_text("[dynamic_batching]\npreferred_batch_size = [64]\n"
                                               "max_queue_delay_microseconds = 3000000\n")  # a request waits 3 s

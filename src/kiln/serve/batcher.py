@@ -418,8 +418,6 @@ class DynamicBatcher:
         first = live[0].inputs
         rows = sum(r.rows for r in live)
         device = {k for k, v in first.items() if isinstance(v, torch.Tensor)}
-        # page-locked host tensors (a front end's slots) are batched straight on the engine's GPU, one DMA a request
-        onto = {k: self.engine.device.torch_device for k in device if self._on_cuda and not first[k].is_cuda}
         if not all(stageable(v.dtype) for k, v in first.items() if k not in device):
             staging = None
         alone = len(live) == 1 and (not self.max_batch_size or bucket == rows and padded is None)
@@ -429,20 +427,14 @@ class DynamicBatcher:
         host = {k: spec for k, spec in specs.items() if k not in device}
         feeds = staging.arrays(host) if staging else {k: np.empty(s, d) for k, (s, d) in host.items()}
         for k in device:
-            feeds[k] = first[k] if alone else torch.empty(specs[k][0], dtype=specs[k][1],
-                                                          device=onto.get(k, first[k].device))
+            feeds[k] = first[k] if alone else torch.empty(specs[k][0], dtype=specs[k][1], device=first[k].device)
         for k, dest in feeds.items():
             if k in device and alone:
                 continue  # the request's own view
             if not self.max_batch_size:
                 dest[...] = first[k]
                 continue
-            if padded is None and k in onto:
-                at = 0
-                for r in live:  # asynchronous on this thread's stream, which the engine's run waits for
-                    dest[at:at + r.rows].copy_(r.inputs[k], non_blocking=True)
-                    at += r.rows
-            elif padded is None and k in device:
+            if padded is None and k in device:
                 torch.cat([r.inputs[k] for r in live], out=dest[:rows])
             elif padded is None:
                 gather([r.inputs[k] for r in live], dest)
@@ -538,13 +530,13 @@ class DynamicBatcher:
 
 def _run_on_device(ctx, feeds: dict) -> dict:
     """numpy feeds uploaded here and outputs downloaded here, so that a batch shape met before takes the context's
-    replay fast path (no checks again); device tensors (CUDA shared memory) go in as they are, page-locked host ones
-    by one copy each; string and other non-numeric feeds go the checked way."""
+    replay fast path (no checks again); device tensors (CUDA shared memory) go in as they are; string and other
+    non-numeric feeds go the checked way."""
     if not all(isinstance(v, torch.Tensor) or isinstance(v, np.ndarray) and v.dtype.kind in "biuf"
                for v in feeds.values()):
         return ctx.run(feeds)
     device = ctx.engine.device.torch_device
-    return ctx.download(ctx.run({k: upload(v if isinstance(v, torch.Tensor) else as_torch(k, v)[0], device)
+    return ctx.download(ctx.run({k: v if isinstance(v, torch.Tensor) else upload(as_torch(k, v)[0], device)
                                  for k, v in feeds.items()}))
 
 

@@ -9,13 +9,10 @@ import contextlib
 import os
 import time
 
-import torch
-
 from kiln.serve import link
 from kiln.serve.errors import ClientGone, InferenceFailed, ServeError
 from kiln.serve.logs import event
 from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, off_error
-from kiln.serve.staging import pin_map
 
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards a front end before a reply waits for the socket
 
@@ -28,11 +25,6 @@ class LinkServer:
         self.repo, self.spec, self.regions = repo, spec, regions
         size = spec.slots * spec.slot_bytes
         self.maps = [link.map_fd(fd, size) for fd in spec.fds]
-        # page-locked maps (CUDA): a request's inputs go from its slot to the GPU by DMA, with no host copy
-        self.pinned = {id(m) for m in self.maps if pin_map(m)}
-        if self.pinned:
-            event(f"link: {len(self.pinned)} front ends' shared memory ({len(self.pinned) * size >> 20} MiB) "
-                  "page-locked for CUDA", event="link_pinned")
         self.server: asyncio.AbstractServer | None = None
         self.clients: set[asyncio.Task] = set()
 
@@ -111,8 +103,6 @@ class LinkServer:
         try:
             model = self.repo.get(h["model"], h.get("version"))
             inputs = link.read(shm if slot is not None else payload, h["inputs"])
-            if slot is not None and id(shm) in self.pinned:  # page-locked views: the batcher uploads them directly
-                inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
             for name, region, offset, size, datatype, dtype, shape in h.get("regions", ()):
                 inputs[name] = self._shared().read(f"input '{name}'", TensorRef(region, offset, size), datatype, dtype,
                                                    shape)

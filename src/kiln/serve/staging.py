@@ -1,6 +1,5 @@
 """A batch's host-side input buffers: on a CUDA engine one pinned block per execution context, reused batch after
-batch, so that each request is copied once (into its rows) and the block goes to the GPU without a second copy; and
-`pin_map`, which page-locks a shared memory map so that requests in it go to the GPU with no host copy at all."""
+batch, so that each request is copied once (into its rows) and the block goes to the GPU without a second copy."""
 
 from __future__ import annotations
 
@@ -34,19 +33,6 @@ class Staging:
                           else np.empty(size, np.uint8))
         return {name: self.block[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
                 for (name, (shape, dtype)), at in zip(specs.items(), offsets.values())}
-
-
-def pin_map(buf) -> bool:
-    """Page-lock the writable map `buf` (an mmap) for CUDA, so that copies from it to the GPU are direct DMA; False
-    where there is no CUDA or the driver refuses (then its tensors go through a staging block as before)."""
-    if not torch.cuda.is_available() or not len(buf):
-        return False
-    view = np.frombuffer(buf, np.uint8)
-    try:
-        err = torch.cuda.cudart().cudaHostRegister(view.ctypes.data, view.nbytes, 0)
-    except (RuntimeError, AttributeError):
-        return False
-    return int(err) == 0
 
 
 def stageable(dtype: np.dtype) -> bool:
