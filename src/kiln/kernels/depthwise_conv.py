@@ -5,7 +5,7 @@ A depthwise conv has no reduction over channels, so it runs on CUDA cores, not t
 tile of output pixels × channels and adds KH·KW shifted input tiles, each read across contiguous channels of a
 channels_last input. It is bound by its bytes (MobileNetV2's layers: cuDNN took 2-3.5× their memory time). The
 pixels are a run of the flattened output (TILE_W 0) or a 2-D patch BLOCK_P / TILE_W rows by TILE_W columns, whose
-taps overlap more, so fewer input bytes come again from L2.
+taps overlap more (faster for stride-2 layers on an H200, not for stride-1 ones).
 """
 
 from __future__ import annotations
