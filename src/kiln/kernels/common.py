@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -13,6 +14,24 @@ from kiln.target.hardware_compat import smem_budget
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton reads it when kernels are decorated, as here
 DEFAULT_SMEM = 48 * 1024  # bytes every CUDA device gives a block without opting in
+TMA_ALIGN = 16  # bytes: TMA base addresses and row strides
+
+try:  # triton ≥ 3.3
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the TMA tactics refuse
+    TensorDescriptor = None
+
+
+def tma_dense(t: torch.Tensor | None) -> bool:
+    """Whether TMA can address `t` (None can): row-major 2-D, rows and base on 16-byte boundaries."""
+    return t is None or (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
+                         and t.data_ptr() % TMA_ALIGN == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The device's multiprocessors, what a persistent kernel's grid is sized by (2 on the CPU's interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
 def pdl_args(device: torch.device) -> dict:

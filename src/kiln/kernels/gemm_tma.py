@@ -7,22 +7,14 @@ TMA needs row-major operands whose rows and bases sit on 16-byte boundaries (K a
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, activate, grouped_tile
+from kiln.kernels.common import ACTIVATIONS, TMA_ALIGN, TensorDescriptor, activate, grouped_tile, sm_count, tma_dense
 from kiln.kernels.gemm import CONFIG_KEYS
 from kiln.kernels.out_buffer import take
 
-try:  # triton ≥ 3.3
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older triton: the tactic refuses
-    TensorDescriptor = None
-
-ALIGN = 16  # bytes: TMA base addresses and row strides
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), best-first: wide tiles two warp groups compute
 _SPACE = [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (256, 128, 64, 8, 8, 3), (128, 128, 64, 8, 4, 4),
           (128, 256, 64, 8, 8, 2), (128, 64, 64, 8, 4, 4), (64, 128, 64, 8, 4, 4), (64, 64, 64, 8, 4, 4)]
@@ -89,19 +81,7 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
 
 def addressable(*dims: int, itemsize: int = 2) -> bool:
     """Whether rows of these lengths (K, N) meet TMA's 16-byte row strides."""
-    return all(d * itemsize % ALIGN == 0 for d in dims)
-
-
-@functools.lru_cache(maxsize=None)
-def _programs(device: torch.device) -> int:
-    """How many programs a persistent launch runs: one per multiprocessor (4 on the CPU)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _dense(t: torch.Tensor) -> bool:
-    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % ALIGN == 0 and t.data_ptr() % ALIGN == 0
+    return all(d * itemsize % TMA_ALIGN == 0 for d in dims)
 
 
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, activation: str = "none",
@@ -113,20 +93,20 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         raise ValueError(f"unknown activation {activation!r}")
     (m, k), n = a.shape, w.shape[0]
     if not addressable(k, n, itemsize=a.element_size()):
-        raise ValueError(f"K ({k}) and N ({n}) must be multiples of {ALIGN // a.element_size()} for TMA")
-    a = a if _dense(a) else a.contiguous()
-    w = w if _dense(w) else w.contiguous()
+        raise ValueError(f"K ({k}) and N ({n}) must be multiples of {TMA_ALIGN // a.element_size()} for TMA")
+    a = a if tma_dense(a) else a.contiguous()
+    w = w if tma_dense(w) else w.contiguous()
     c = take(out, (m, n), a.dtype, a.device)
     if m == 0 or n == 0:
         return c
-    dst = c if _dense(c) else torch.empty_like(c)
+    dst = c if tma_dense(c) else torch.empty_like(c)
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     persistent = config.get("persistent", False)
     kernel, extra = _gemm_kernel, {}
     if persistent:
         kernel, extra = _gemm_persistent_kernel, {"WARP_SPEC": config.get("warp_specialize", False)}
-    kernel[(min(tiles, _programs(a.device)) if persistent else tiles,)](
+    kernel[(min(tiles, sm_count(a.device)) if persistent else tiles,)](
         TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(dst, [bm, bn]), bias if bias is not None else dst, m, n, k, float(act_alpha),
         float(act_beta), HAS_BIAS=bias is not None, ACT=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

@@ -17,9 +17,8 @@ import triton
 import triton.language as tl
 
 from kiln.kernels import int8_conv
-from kiln.kernels.common import tma_nhwc
+from kiln.kernels.common import TMA_ALIGN, TensorDescriptor, tma_nhwc
 from kiln.kernels.int8_gemm import FP8_PROMOTE
-from kiln.kernels.int8_gemm_tma import TMA_ALIGN, TensorDescriptor
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 

@@ -8,25 +8,18 @@ boundaries; a call whose tensors are not so runs kernels/int8_gemm.py with the s
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, grouped_tile
+from kiln.kernels.common import ACTIVATIONS, TMA_ALIGN, TensorDescriptor, grouped_tile, sm_count, tma_dense
 from kiln.kernels.gemm import CONFIG_KEYS
 from kiln.kernels import int8_gemm
 from kiln.kernels.int8_gemm import FP8_PROMOTE, QUANTIZED_OPERANDS, dequant, epilogue
 from kiln.kernels.out_buffer import take
 from kiln.kinds.quantized import inv_scale
 
-try:  # triton ≥ 3.3
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older triton: the tactic refuses
-    TensorDescriptor = None
-
-TMA_ALIGN = 16  # bytes: TMA base addresses and row strides
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), best-first: the winners at ResNet-50 b64 1x1-conv and
 # BERT b64 GEMM shapes on an H100 (results/int8-kernel-probe-fast-div-…json), then wider and smaller tiles; then
 # two-stage tiles for short reductions (K of one or two blocks: ResNet's 64- and 128-channel 1x1 convs), whose
@@ -103,11 +96,6 @@ def _tma_gemm_persistent_kernel(a_desc, w_desc, c_desc, r_desc, res, s_rm, scale
               BLOCK_M, BLOCK_N, BLOCK_K)
 
 
-def _dense(t: torch.Tensor | None) -> bool:
-    """Whether TMA can address `t`: row-major 2-D, rows and base on 16-byte boundaries."""
-    return t is None or (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
-                         and t.data_ptr() % TMA_ALIGN == 0)
-
 
 def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
     """Tiles that fit `smem` (num_stages A and W tiles plus the output tile) and do not dwarf the problem, the
@@ -129,14 +117,6 @@ def configs(m: int | None, n: int, k: int, smem: int) -> list[dict]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _programs(device: torch.device) -> int:
-    """How many programs a persistent launch runs: PROGRAMS_PER_SM per multiprocessor (4 on the CPU)."""
-    if device.type != "cuda":
-        return 4
-    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, *, out_scale: float | None = None, res_scale: float | None = None,
            activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
@@ -151,7 +131,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         raise ValueError(f"operands must be both int8 or both float8_e4m3fn, got {a.dtype} and {w.dtype}")
     (m, k), n = a.shape, w.shape[0]
     dtype = a.dtype if out_scale is not None else out_dtype
-    if not (_dense(a) and _dense(w) and _dense(residual)) or (n * dtype.itemsize) % TMA_ALIGN or (
+    if not (tma_dense(a) and tma_dense(w) and tma_dense(residual)) or (n * dtype.itemsize) % TMA_ALIGN or (
             out is not None and out.data_ptr() % TMA_ALIGN):
         return int8_gemm.matmul(a, w.t(), scale, bias, residual, out_scale=out_scale, res_scale=res_scale,
                                 activation=activation, act_alpha=act_alpha, act_beta=act_beta, out_dtype=out_dtype,
@@ -164,7 +144,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     persistent = config.get("persistent", False)
     kernel = _tma_gemm_persistent_kernel if persistent else _tma_gemm_kernel
-    grid = (min(tiles, _programs(a.device)) if persistent else tiles,)
+    grid = (min(tiles, PROGRAMS_PER_SM * sm_count(a.device)) if persistent else tiles,)
     kernel[grid](TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
                  TensorDescriptor.from_tensor(c, [bm, bn]), TensorDescriptor.from_tensor(r, [bm, bn]), r, r.stride(0),
                  scale, bias if bias is not None else scale, m, n, k,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kiln.kernels import int8_conv_tma, int8_gemm_tma, int8_gemm_wgmma
-from kiln.kernels.common import capability
+from kiln.kernels import int8_conv_tma, int8_gemm_wgmma
+from kiln.kernels.common import TensorDescriptor, capability
 from kiln.kinds.qtype import FP8, INT8, QType
 from kiln.kinds.quantized import float_out
 from kiln.tactics import int8_lowering
@@ -43,7 +43,7 @@ def out_hw(spec: LayerSpec) -> tuple[int | None, int | None]:
 
 def tma_device_reason(device) -> str | None:
     """Why `device` (or this triton) cannot run the TMA and Gluon kernels, or None."""
-    if int8_gemm_tma.TensorDescriptor is None:
+    if TensorDescriptor is None:
         return "this triton has no tensor descriptors"
     cc = capability(device)
     if cc is not None and cc < TMA_MIN_CC:
