@@ -108,3 +108,80 @@ def test_gpu_resnet_shapes_every_config(shape, k, stride):
     tactic = registry.get("triton_conv")
     for config in tactic.configs(spec, dev, 3):
         _check(tactic.compile(spec, config, dev)([x, w, b])[0], want)
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_split_k_matches_reference_and_resets_its_counts(split, monkeypatch):
+    """Split-K over the 3·3·3 (tap, channel block) steps (a split ending mid-tap at 2 and 4; 40 channels: a ragged
+    last block) with bias, residual and ReLU: the same answer on every call, so each tile's count is back at zero
+    after its last split."""
+    monkeypatch.setattr(conv, "sm_count", lambda device: 132)  # the interpreter's 2 would call 4 tiles a full GPU
+    g = torch.Generator().manual_seed(split)
+    x = torch.randn(1, 40, 5, 6, generator=g)
+    w, b, r = torch.randn(24, 40, 3, 3, generator=g) * 0.2, torch.randn(24, generator=g), torch.randn(1, 24, 5, 6)
+    attrs = _attrs(residual=True, activation="Relu", activation_params=[])
+    spec, want = _spec("FusedConv", attrs, [x, w, b, r])
+    run = registry.get("triton_conv").compile(spec, SMALL | {"SPLIT_K": split}, CPU)
+    for _ in range(2):
+        _check(run([x, w, b, r])[0], want)
+    scratch = conv.SplitScratch()
+    for _ in range(2):
+        _check(conv.conv2d(x, conv.pack_weight(w), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), b, r, activation="relu",
+                           config=SMALL | {"SPLIT_K": split}, scratch=scratch), want)
+    (ws, counts), = scratch._sets.values()
+    assert counts.tolist() == [0] * 4 and ws.numel() == conv.step_slice(27, split)[1] * 4 * 16 * 16
+
+
+def test_split_k_without_scratch_or_on_a_full_grid_runs_unsplit(monkeypatch):
+    monkeypatch.setattr(conv, "sm_count", lambda device: 4)
+    x, w = torch.randn(1, 32, 8, 8), torch.randn(8, 32, 1, 1)  # 4 tiles of 16 pixels: the "GPU" is full
+    scratch = conv.SplitScratch()
+    got = conv.conv2d(x, conv.pack_weight(w), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), config=SMALL | {"SPLIT_K": 2},
+                      scratch=scratch)
+    _check(got, torch.nn.functional.conv2d(x, w))
+    assert not scratch._sets
+    x, w = torch.randn(1, 32, 4, 4), torch.randn(8, 32, 1, 1)
+    want = torch.nn.functional.conv2d(x, w)
+    got = conv.conv2d(x, conv.pack_weight(w), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), config=SMALL | {"SPLIT_K": 2})
+    _check(got, want)
+
+
+def test_split_configs_only_for_grids_that_underfill():
+    """ResNet-50's last 3x3 conv at batch 1 (49 pixels, 512 channels) gets split-K configs filling about 132
+    multiprocessors; the same conv at batch 64 does not, nor any at level 1."""
+    late = conv.configs(49, 512, 512, 2, 228 * 1024, 3, sms=132, taps=9)
+    split = [c for c in late if "SPLIT_K" in c]
+    assert split and all(c["BLOCK_M"] <= 64 for c in split)
+    assert any(66 < 512 // c["BLOCK_N"] * c["SPLIT_K"] <= 264 for c in split)
+    assert all(2 * c["SPLIT_K"] <= 9 * 512 // c["BLOCK_K"] for c in split)  # two steps a split at least
+    assert not any("SPLIT_K" in c for c in conv.configs(49 * 64, 512, 512, 2, 228 * 1024, 3, sms=132))
+    assert not any("SPLIT_K" in c for c in conv.configs(49, 512, 512, 2, 228 * 1024, 1, sms=132))
+
+
+def test_step_slice():
+    assert conv.step_slice(144, 16) == (9, 16)
+    assert conv.step_slice(27, 2) == (14, 2)   # 14 + 13 steps
+    assert conv.step_slice(9, 4) == (3, 3)    # never an empty split
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, co, k", [((1, 512, 7, 7), 512, 3), ((1, 256, 14, 14), 256, 3),
+                                           ((1, 2048, 7, 7), 512, 1), ((1, 512, 7, 7), 2048, 1)])
+def test_gpu_split_k_resnet_batch1_every_config(shape, co, k):
+    """ResNet-50's late convs at batch 1 in fp16 with a residual: every config at level 3 (split-K among them),
+    three calls each, on the GPU's real atomics."""
+    x = torch.randn(shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(co, shape[1], k, k, device="cuda") * 0.02).half()
+    b = torch.randn(co, device="cuda").half()
+    r = torch.randn(1, co, 7 if shape[2] == 7 else 14, shape[3], device="cuda").half()
+    p = k // 2
+    spec, want = _spec("FusedConv", _attrs(k, 1, (p, p, p, p), activation="Relu", activation_params=[],
+                                           residual=True), [x, w, b, r])
+    dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
+    tactic = registry.get("triton_conv")
+    configs = tactic.configs(spec, dev, 3)
+    assert any("SPLIT_K" in c for c in configs)
+    for config in configs:
+        run = tactic.compile(spec, config, dev)
+        for _ in range(3):
+            _check(run([x, w, b, r])[0], want)

@@ -34,6 +34,22 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
+class SplitScratch:
+    """A split-K kernel's fp32 partial tiles and zeroed tile counts, one set per CUDA stream and grid (contexts on
+    other streams never share them) and kept while the kernel lives: a captured CUDA graph holds their addresses."""
+
+    def __init__(self):
+        self._sets: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, splits: int, tiles: int, tile_elems: int) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (stream, splits, tiles, tile_elems)
+        if key not in self._sets:
+            self._sets[key] = (torch.empty(splits * tiles * tile_elems, dtype=torch.float32, device=device),
+                               torch.zeros(tiles, dtype=torch.int32, device=device))
+        return self._sets[key]
+
+
 def pdl_args(device: torch.device) -> dict:
     """Launch arguments for a kernel with a PDL constexpr: programmatic dependent launch on Hopper and later, off
     under the interpreter or with KILN_PDL=0. The next kernel's programs then start as this one's last ones run,
@@ -187,6 +203,25 @@ def activate(x, ACT: tl.constexpr, alpha, beta):
     elif ACT == "clip":
         x = tl.minimum(tl.maximum(x, alpha), beta)
     return x
+
+
+@triton.jit
+def split_k_sum(acc, ws, counts, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Split-K over grid axis 2: this program's fp32 partial tile goes to the workspace `ws`; the tile's last split
+    to arrive (an atomic count in `counts`, reset for the next call) sums every partial in split order, so the
+    result is deterministic. Returns (that sum, whether this program is the last)."""
+    tiles, tile = tl.num_programs(0) * tl.num_programs(1), tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(ws + (tl.program_id(2) * tiles + tile) * (BLOCK_M * BLOCK_N) + offs, acc)
+    tl.debug_barrier()  # every thread's partial written before the count says so
+    last = tl.atomic_add(counts + tile, 1, sem="acq_rel") == tl.num_programs(2) - 1
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if last:
+        tl.debug_barrier()
+        for s in range(0, tl.num_programs(2)):
+            total += tl.load(ws + (s * tiles + tile) * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+        tl.atomic_xchg(counts + tile, 0)
+    return total, last
 
 
 @triton.jit

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, conv_epilogue, conv_output, dot_precision, output_pixels,
-                                pow2, upcast_dot)
+from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, conv_epilogue, conv_output, dot_precision,
+                                output_pixels, pow2, sm_count, split_k_sum, upcast_dot)
 
 PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # configs offered per opt level; all from level 4
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
@@ -22,32 +22,54 @@ _SPACE = [(128, 64, 32, 4, 3), (64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (64, 12
 
 
 @triton.jit
+def _tap_tiles(x, w, n, ih, iw, c, rn, m_ok, n_ok, tap, H, W, C, CO, s_xn, s_xc, s_xh, s_xw, UPCAST: tl.constexpr):
+    """The A tile (pixels × channels c of one kernel tap, zero outside the input) and its W tile (c × rn)."""
+    row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    a = tl.load(x + (n * s_xn + ih * s_xh + iw * s_xw)[:, None] + c[None, :] * s_xc,
+                mask=row_ok[:, None] & (c[None, :] < C), other=0.0)
+    b = tl.load(w + (tap * C + c)[:, None] * CO + rn[None, :], mask=(c[:, None] < C) & n_ok[None, :], other=0.0)
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return a, b
+
+
+@triton.jit
 def _conv_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, CO, KH, KW, sh, sw, ph, pw, dh, dw, act_alpha, act_beta,
                  s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
+                 ws, counts, t_per,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT: tl.constexpr):
     n, oh, ow, m_ok = output_pixels(N, OH, OW, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < CO
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kh in range(0, KH):
-        ih = oh * sh - ph + kh * dh
-        for kw in range(0, KW):
-            iw = ow * sw - pw + kw * dw
-            row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            x_row = x + n * s_xn + ih * s_xh + iw * s_xw
-            w_row = (kh * KW + kw) * C
-            for c0 in range(0, C, BLOCK_K):
-                c = c0 + rk
-                a = tl.load(x_row[:, None] + c[None, :] * s_xc, mask=row_ok[:, None] & (c[None, :] < C), other=0.0)
-                b = tl.load(w + (w_row + c)[:, None] * CO + rn[None, :], mask=(c[:, None] < C) & n_ok[None, :],
-                            other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc += tl.dot(a, b, input_precision=PRECISION)
-    conv_epilogue(acc, bias, res, y, n, oh, ow, rn, n_ok, m_ok[:, None] & n_ok[None, :], act_alpha, act_beta,
+    if SPLIT:  # one loop over (tap, channel block) steps, so loads pipeline across taps; this split's run of them
+        cb = tl.cdiv(C, BLOCK_K)
+        t_lo = tl.program_id(2) * t_per
+        for t in range(t_lo, tl.minimum(t_lo + t_per, KH * KW * cb)):
+            tap = t // cb
+            kh = tap // KW
+            a, b = _tap_tiles(x, w, n, oh * sh - ph + kh * dh, ow * sw - pw + (tap - kh * KW) * dw,
+                              (t - tap * cb) * BLOCK_K + rk, rn, m_ok, n_ok, tap, H, W, C, CO, s_xn, s_xc, s_xh, s_xw,
+                              UPCAST)
+            acc += tl.dot(a, b, input_precision=PRECISION)
+    else:
+        for kh in range(0, KH):
+            ih = oh * sh - ph + kh * dh
+            for kw in range(0, KW):
+                iw = ow * sw - pw + kw * dw
+                for c0 in range(0, C, BLOCK_K):
+                    a, b = _tap_tiles(x, w, n, ih, iw, c0 + rk, rn, m_ok, n_ok, kh * KW + kw, H, W, C, CO,
+                                      s_xn, s_xc, s_xh, s_xw, UPCAST)
+                    acc += tl.dot(a, b, input_precision=PRECISION)
+    inside = m_ok[:, None] & n_ok[None, :]
+    if SPLIT:  # the tile's last split to finish sums them all and alone runs the epilogue
+        acc, last = split_k_sum(acc, ws, counts, BLOCK_M, BLOCK_N)
+        inside = inside & last
+    conv_epilogue(acc, bias, res, y, n, oh, ow, rn, n_ok, inside, act_alpha, act_beta,
                   s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw, HAS_BIAS, HAS_RES, ACT)
 
 
@@ -60,9 +82,12 @@ def smem_bytes(cfg: dict, itemsize: int) -> int:
     return cfg["num_stages"] * (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * itemsize
 
 
-def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int) -> list[dict]:
+def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int, sms: int = 0,
+            taps: int = 1) -> list[dict]:
     """Tiles no larger than the problem (M output pixels, CO channels, C input channels) that fit `smem`,
-    best-first; fewer at low levels (each config is one more kernel to compile in a cold build)."""
+    best-first; fewer at low levels (each config is one more kernel to compile in a cold build). From level 2,
+    where the tiles fill under half of `sms` multiprocessors, split-K variants too (`split_configs`; `taps`: the
+    kernel's KH·KW)."""
     out = []
     for t in _SPACE:
         cfg = dict(zip(CONFIG_KEYS, t))
@@ -73,17 +98,40 @@ def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int
                 and cfg["BLOCK_N"] <= pow2(co, 16, 128) and cfg not in out):
             out.append(cfg)
     out = out or [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 2, "num_stages": 2}]
-    return out[:PER_LEVEL.get(level, len(out))]
+    split = split_configs(out, m, co, c, taps, sms) if level >= 2 and m else []
+    return out[:PER_LEVEL.get(level, len(out))] + split[:PER_LEVEL.get(level, len(split))]
+
+
+def split_configs(tiles: list[dict], m: int, co: int, c: int, taps: int, sms: int) -> list[dict]:
+    """Split-K variants of the small-row tiles for a grid that fills under half the GPU (late ResNet stages at
+    batch 1): the (tap, channel block) steps cut into SPLIT_K runs, about one or two programs a multiprocessor."""
+    out = []
+    for cfg in tiles:
+        grid = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(co, cfg["BLOCK_N"])
+        if cfg["BLOCK_M"] > 64 or 2 * grid > sms:
+            continue
+        steps, fill = taps * triton.cdiv(c, cfg["BLOCK_K"]), pow2(sms // grid, 2, 32)
+        for split in (fill, 2 * fill, fill // 2):  # a wave, two (latency hidden), half
+            if 2 <= split and 2 * split <= steps and (cfg | {"SPLIT_K": split}) not in out:
+                out.append(cfg | {"SPLIT_K": split})
+    return out
+
+
+def step_slice(steps: int, split: int) -> tuple[int, int]:
+    """(reduction steps per split, splits) for SPLIT_K over `steps` (tap, channel block) steps: no empty split."""
+    per = triton.cdiv(steps, split)
+    return per, triton.cdiv(steps, per)
 
 
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None, *, activation: str = "none",
            act_alpha: float = 1.0, act_beta: float = 0.0, config: dict | None = None,
-           tf32: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+           tf32: bool = False, out: torch.Tensor | None = None, scratch: SplitScratch | None = None) -> torch.Tensor:
     """act(conv2d(x, w) + bias + residual) as an NCHW-shaped, channels_last tensor in x's dtype (in `out`'s bytes
     when given).
 
-    x [N, C, H, W] (any strides); w_packed from `pack_weight`; pads [top, left, bottom, right]."""
+    x [N, C, H, W] (any strides); w_packed from `pack_weight`; pads [top, left, bottom, right]. A config's SPLIT_K
+    needs `scratch` (the caller's, kept while its kernel lives); it is dropped where the grid already fills the GPU."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     (n, c, h, wd), (kh, kw), co = x.shape, kernel, w_packed.shape[1]
@@ -95,10 +143,16 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], str
     cfg = config or configs(n * oh * ow, co, c, x.element_size(), DEFAULT_SMEM, 1)[0]
     r = residual if residual is not None else y
     grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_M"]), triton.cdiv(co, cfg["BLOCK_N"]))
-    _conv_kernel[grid](x, w_packed, bias if bias is not None else y, r, y, n, h, wd, c, oh, ow, co, kh, kw,
-                       sh, sw, pads[0], pads[1], dh, dw, float(act_alpha), float(act_beta),
-                       *x.stride(), *r.stride(), *y.stride(),
-                       HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
-                       PRECISION=dot_precision(x.dtype, tf32), UPCAST=upcast_dot(x.dtype),
-                       **{key: cfg[key] for key in CONFIG_KEYS})
+    t_per, splits = step_slice(kh * kw * triton.cdiv(c, cfg["BLOCK_K"]), cfg.get("SPLIT_K", 1))
+    if splits > 1 and (scratch is None or grid[0] * grid[1] >= sm_count(x.device)):
+        splits = 1  # a larger batch than tuned for: the grid fills the GPU unsplit
+    ws, counts = (scratch.get(x.device, splits, grid[0] * grid[1], cfg["BLOCK_M"] * cfg["BLOCK_N"]) if splits > 1
+                  else (y, y))
+    _conv_kernel[grid + (splits,)](
+        x, w_packed, bias if bias is not None else y, r, y, n, h, wd, c, oh, ow, co, kh, kw,
+        sh, sw, pads[0], pads[1], dh, dw, float(act_alpha), float(act_beta),
+        *x.stride(), *r.stride(), *y.stride(), ws, counts, t_per,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
+        PRECISION=dot_precision(x.dtype, tf32), UPCAST=upcast_dot(x.dtype), SPLIT=splits > 1,
+        **{key: cfg[key] for key in CONFIG_KEYS})
     return y

@@ -1,10 +1,13 @@
 """Conv and FusedConv (bias, residual, activation) through the Triton implicit-GEMM kernel (kernels/conv.py):
-2-D, group 1, constant weights; reads any input layout, writes NHWC, so its configs are timed as NHWC."""
+2-D, group 1, constant weights; reads any input layout, writes NHWC, so its configs are timed as NHWC. Grids
+that underfill the GPU also get split-K configs, each compiled kernel with its own scratch."""
 
 from __future__ import annotations
 
+import torch
+
 from kiln.kernels import conv
-from kiln.kernels.common import smem_limit
+from kiln.kernels.common import SplitScratch, sm_count, smem_limit
 from kiln.tactics.common import first
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
@@ -18,9 +21,9 @@ def _supports(spec: LayerSpec, device) -> str | None:
 
 
 def _configs(spec: LayerSpec, device, level: int):
-    co, c = spec.inputs[1].const.shape[:2]
+    co, c, kh, kw = spec.inputs[1].const.shape
     return mark_nhwc(conv.configs(conv_rows(spec.outputs[0].shape), co, c, spec.outputs[0].dtype.torch.itemsize,
-                                  smem_limit(device), level))
+                                  smem_limit(device), level, sm_count(torch.device(device.torch_device)), kh * kw))
 
 
 def _compile(spec: LayerSpec, config, device):
@@ -29,13 +32,14 @@ def _compile(spec: LayerSpec, config, device):
     kernel, strides, dilations = tuple(a["kernel_shape"]), tuple(a["strides"]), tuple(a["dilations"])
     pads = [a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3]]
     act, act_alpha, act_beta = epilogue(a) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
-    tiles = {k: config[k] for k in conv.CONFIG_KEYS}
-    tf32 = spec.tf32
+    tiles = {k: config[k] for k in conv.CONFIG_KEYS + ("SPLIT_K",) if k in config}
+    tf32, scratch = spec.tf32, SplitScratch()
 
     def run(inputs, out=None):
         x, _, bias, residual = (list(inputs) + [None] * 4)[:4]
         return [conv.conv2d(x, w, kernel, strides, pads, dilations, bias, residual, activation=act,
-                            act_alpha=act_alpha, act_beta=act_beta, config=tiles, tf32=tf32, out=first(out))]
+                            act_alpha=act_alpha, act_beta=act_beta, config=tiles, tf32=tf32, out=first(out),
+                            scratch=scratch)]
 
     return run
 
