@@ -16,6 +16,7 @@ from kiln.builder.autotune import TOLERANCE  # noqa: E402
 from kiln.target.device import Device  # noqa: E402
 from kiln.ir import DType  # noqa: E402
 from kiln.kernels import conv  # noqa: E402
+from kiln.kernels.common import step_slice  # noqa: E402
 from kiln.kinds import run_reference  # noqa: E402
 from kiln.tactics import registry  # noqa: E402
 from kiln.tactics.spec import LayerSpec, ValueSpec  # noqa: E402
@@ -129,7 +130,7 @@ def test_split_k_matches_reference_and_resets_its_counts(split, monkeypatch):
         _check(conv.conv2d(x, conv.pack_weight(w), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), b, r, activation="relu",
                            config=SMALL | {"SPLIT_K": split}, scratch=scratch), want)
     (ws, counts), = scratch._sets.values()
-    assert counts.tolist() == [0] * 4 and ws.numel() == conv.step_slice(27, split)[1] * 4 * 16 * 16
+    assert counts.tolist() == [0] * 4 and ws.numel() == step_slice(27, split)[1] * 4 * 16 * 16
 
 
 def test_split_k_without_scratch_or_on_a_full_grid_runs_unsplit(monkeypatch):
@@ -159,9 +160,9 @@ def test_split_configs_only_for_grids_that_underfill():
 
 
 def test_step_slice():
-    assert conv.step_slice(144, 16) == (9, 16)
-    assert conv.step_slice(27, 2) == (14, 2)   # 14 + 13 steps
-    assert conv.step_slice(9, 4) == (3, 3)    # never an empty split
+    assert step_slice(144, 16) == (9, 16)
+    assert step_slice(27, 2) == (14, 2)   # 14 + 13 steps
+    assert step_slice(9, 4) == (3, 3)    # never an empty split
 
 
 @pytest.mark.gpu
@@ -185,3 +186,40 @@ def test_gpu_split_k_resnet_batch1_every_config(shape, co, k):
         run = tactic.compile(spec, config, dev)
         for _ in range(3):
             _check(run([x, w, b, r])[0], want)
+
+
+@pytest.mark.parametrize("k, pads, c", [(7, (3, 3, 3, 3), 3), (3, (1, 1, 1, 1), 4), (5, (2, 1, 1, 2), 1)])
+def test_s2d_stem_conv_matches_reference(k, pads, c):
+    """triton_conv_s2d: a stride-2 stem (7x7 on 3 channels as ResNet's, odd sizes, asymmetric pads) as
+    space-to-depth + the stride-1 implicit-GEMM conv, with bias, residual and ReLU; it refuses stride 1 and
+    more than 4 channels."""
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(2, c, 19, 17, generator=g)
+    w, b = torch.randn(8, c, k, k, generator=g) * 0.2, torch.randn(8, generator=g)
+    out = torch.nn.functional.conv2d(torch.nn.functional.pad(x, (pads[1], pads[3], pads[0], pads[2])), w, stride=2)
+    r = torch.randn(out.shape, generator=g)
+    attrs = _attrs(k, 2, pads, residual=True, activation="Relu", activation_params=[])
+    spec, want = _spec("FusedConv", attrs, [x, w, b, r])
+    tactic = registry.get("triton_conv_s2d")
+    assert tactic.supports(spec, CPU) is None
+    _check(tactic.compile(spec, SMALL, CPU)([x, w, b, r])[0], want)
+    spec1, _ = _spec("Conv", _attrs(k, 1, pads), [x, w])
+    assert "stride 2" in tactic.supports(spec1, CPU)
+    wide = torch.randn(8, 5, k, k)
+    spec5, _ = _spec("Conv", _attrs(k, 2, pads), [torch.randn(1, 5, 19, 17), wide])
+    assert "input channels" in tactic.supports(spec5, CPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpu_s2d_stem_resnet_every_config(batch):
+    """ResNet-50's stem (7x7 / 2 on 3 channels at 224²) through triton_conv_s2d in fp16, every level-3 config."""
+    x = torch.randn(batch, 3, 224, 224, device="cuda").half()
+    w, b = (torch.randn(64, 3, 7, 7, device="cuda") * 0.05).half(), torch.randn(64, device="cuda").half()
+    spec, want = _spec("FusedConv", _attrs(7, 2, (3, 3, 3, 3), activation="Relu", activation_params=[],
+                                           residual=False), [x, w, b])
+    dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
+    tactic = registry.get("triton_conv_s2d")
+    assert tactic.supports(spec, dev) is None
+    for config in tactic.configs(spec, dev, 3):
+        _check(tactic.compile(spec, config, dev)([x, w, b])[0], want)

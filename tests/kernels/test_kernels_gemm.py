@@ -179,3 +179,51 @@ def test_gpu_fp32_is_true_fp32_unless_tf32():
     want = (a.double() @ w.double()).float()
     torch.testing.assert_close(gemm.matmul(a, w, config=gemm.configs(128, 768, 3072, 4, 48 * 1024, 0)[0]), want,
                                rtol=1e-4, atol=1e-3)  # |values| ~ 55; fp32 accumulation over 3072 terms
+
+
+@pytest.mark.parametrize("split", [2, 3, 5])
+def test_split_k_epilogue_and_counts_reset(split, monkeypatch):
+    """Split-K over K = 100 (a ragged last block; 7 steps of 16, unevenly split) with alpha, beta·bias and an
+    activation applied once after the sum; the same answer twice, so every tile's count is back at zero."""
+    monkeypatch.setattr(gemm, "sm_count", lambda device: 132)  # the interpreter's 2 would call 6 tiles a full GPU
+    g = torch.Generator().manual_seed(split)
+    a, w, b = (torch.randn(s, generator=g) for s in ((37, 100), (100, 45), (45,)))
+    want = torch.relu(0.5 * a @ w + 2.0 * b)
+    scratch = common.SplitScratch()
+    for _ in range(2):
+        _check(gemm.matmul(a, w, b, alpha=0.5, beta=2.0, activation="relu", config=SMALL | {"SPLIT_K": split},
+                           scratch=scratch), want)
+    (ws, counts), = scratch._sets.values()
+    assert counts.tolist() == [0] * 6 and ws.numel() == common.step_slice(7, split)[1] * 6 * 16 * 32
+
+
+def test_gemm_tactic_split_k_config(monkeypatch):
+    monkeypatch.setattr(gemm, "sm_count", lambda device: 132)
+    inputs = [torch.randn(3, 96), torch.randn(96, 20)]
+    spec, want = _spec("MatMul", {}, inputs, consts={1})
+    _check(registry.get("triton_matmul").compile(spec, SMALL | {"SPLIT_K": 3}, CPU)(inputs)[0], want[0])
+
+
+def test_split_configs_for_a_classifier_gemv_only():
+    """ResNet-50's classifier at batch 1 (1 x 2048 → 1000) gets split-K configs; the same GEMM at batch 4096 does
+    not, nor anything at level 1."""
+    gemv = [c for c in gemm.configs(1, 1000, 2048, 2, 227 * 1024, 3, sms=132) if "SPLIT_K" in c]
+    assert gemv and all(c["BLOCK_M"] <= 64 and 2 * c["SPLIT_K"] <= 2048 // c["BLOCK_K"] for c in gemv)
+    assert not [c for c in gemm.configs(4096, 1000, 2048, 2, 227 * 1024, 3, sms=132) if "SPLIT_K" in c]
+    assert len(gemm.configs(1, 1000, 2048, 2, 227 * 1024, 1, sms=132)) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(1, 1000, 2048), (197, 768, 3072), (128, 768, 3072)])
+def test_gpu_split_k_small_rows_every_config(m, n, k):
+    """The classifier GEMV and ViT / BERT's FFN down-projection at batch 1, fp16 with bias and GELU: every config
+    at level 3, split-K among them, three calls each on the GPU's atomics."""
+    a = torch.randn(m, k, device="cuda").half()
+    w, b = (torch.randn(k, n, device="cuda") * 0.02).half(), torch.randn(n, device="cuda").half()
+    want = F.gelu(a.float() @ w.float() + b.float()).half()
+    configs = gemm.configs(m, n, k, 2, 227 * 1024, 3, sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert any("SPLIT_K" in c for c in configs)
+    scratch = common.SplitScratch()
+    for cfg in configs:
+        for _ in range(3):
+            _check(gemm.matmul(a, w, b, activation="gelu_erf", config=cfg, scratch=scratch), want)

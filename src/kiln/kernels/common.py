@@ -34,6 +34,28 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
+def split_k_configs(tiles: list[dict], m: int, n: int, k: int, sms: int, taps: int = 1) -> list[dict]:
+    """Split-K variants of the small-row tiles (BLOCK_M ≤ 64) of an (m, n, taps·k) GEMM or implicit-GEMM conv whose
+    grid fills under half of `sms` multiprocessors (ResNet-50's late convs at batch 1, a classifier GEMV): the
+    (tap, BLOCK_K) reduction steps cut into SPLIT_K runs of two or more, about one or two programs a multiprocessor."""
+    out = []
+    for cfg in tiles:
+        grid = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+        if cfg["BLOCK_M"] > 64 or 2 * grid > sms:
+            continue
+        steps, fill = taps * triton.cdiv(k, cfg["BLOCK_K"]), pow2(sms // grid, 2, 32)
+        for split in (fill, 2 * fill, fill // 2):  # a wave, two (latency hidden), half
+            if 2 <= split and 2 * split <= steps and (cfg | {"SPLIT_K": split}) not in out:
+                out.append(cfg | {"SPLIT_K": split})
+    return out
+
+
+def step_slice(steps: int, split: int) -> tuple[int, int]:
+    """(reduction steps per split, splits) for SPLIT_K over `steps` reduction steps: no empty split."""
+    per = triton.cdiv(steps, split)
+    return per, triton.cdiv(steps, per)
+
+
 class SplitScratch:
     """A split-K kernel's fp32 partial tiles and zeroed tile counts, one set per CUDA stream and grid (contexts on
     other streams never share them) and kept while the kernel lives: a captured CUDA graph holds their addresses."""

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, conv_epilogue, conv_output, dot_precision,
-                                output_pixels, pow2, sm_count, split_k_sum, upcast_dot)
+                                output_pixels, pow2, sm_count, split_k_configs, split_k_sum, step_slice, upcast_dot)
 
 PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # configs offered per opt level; all from level 4
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
@@ -86,7 +86,7 @@ def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int
             taps: int = 1) -> list[dict]:
     """Tiles no larger than the problem (M output pixels, CO channels, C input channels) that fit `smem`,
     best-first; fewer at low levels (each config is one more kernel to compile in a cold build). From level 2,
-    where the tiles fill under half of `sms` multiprocessors, split-K variants too (`split_configs`; `taps`: the
+    where the tiles fill under half of `sms` multiprocessors, split-K variants too (`split_k_configs`; `taps`: the
     kernel's KH·KW)."""
     out = []
     for t in _SPACE:
@@ -98,29 +98,8 @@ def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int
                 and cfg["BLOCK_N"] <= pow2(co, 16, 128) and cfg not in out):
             out.append(cfg)
     out = out or [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 2, "num_stages": 2}]
-    split = split_configs(out, m, co, c, taps, sms) if level >= 2 and m else []
+    split = split_k_configs(out, m, co, c, sms, taps) if level >= 2 and m else []
     return out[:PER_LEVEL.get(level, len(out))] + split[:PER_LEVEL.get(level, len(split))]
-
-
-def split_configs(tiles: list[dict], m: int, co: int, c: int, taps: int, sms: int) -> list[dict]:
-    """Split-K variants of the small-row tiles for a grid that fills under half the GPU (late ResNet stages at
-    batch 1): the (tap, channel block) steps cut into SPLIT_K runs, about one or two programs a multiprocessor."""
-    out = []
-    for cfg in tiles:
-        grid = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(co, cfg["BLOCK_N"])
-        if cfg["BLOCK_M"] > 64 or 2 * grid > sms:
-            continue
-        steps, fill = taps * triton.cdiv(c, cfg["BLOCK_K"]), pow2(sms // grid, 2, 32)
-        for split in (fill, 2 * fill, fill // 2):  # a wave, two (latency hidden), half
-            if 2 <= split and 2 * split <= steps and (cfg | {"SPLIT_K": split}) not in out:
-                out.append(cfg | {"SPLIT_K": split})
-    return out
-
-
-def step_slice(steps: int, split: int) -> tuple[int, int]:
-    """(reduction steps per split, splits) for SPLIT_K over `steps` (tap, channel block) steps: no empty split."""
-    per = triton.cdiv(steps, split)
-    return per, triton.cdiv(steps, per)
 
 
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,

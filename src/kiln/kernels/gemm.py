@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, DEFAULT_SMEM, activate, dot_precision, grouped_tile, pow2, upcast_dot
+from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, activate, dot_precision, grouped_tile, pow2,
+                                sm_count, split_k_configs, split_k_sum, step_slice, upcast_dot)
 from kiln.kernels.out_buffer import take
 
 TILES_WANTED = 64  # the default config shrinks tiles until a problem has this many (enough to fill most GPUs)
@@ -29,18 +30,21 @@ _SPACE = [
 
 @triton.jit
 def _gemm_kernel(a, w, bias, c, M, N, K, alpha, beta, act_alpha, act_beta,
-                 s_am, s_ak, s_wk, s_wn, s_bm, s_bn, s_cm, s_cn,
+                 s_am, s_ak, s_wk, s_wn, s_bm, s_bn, s_cm, s_cn, ws, counts, k_per,
                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 SPLIT: tl.constexpr):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(2) * k_per  # split-K (grid axis 2): this program's run of K (all of K unsplit)
+    k_len = tl.minimum(K - k_lo, k_per)
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a + (rm % M)[:, None] * s_am + rk[None, :] * s_ak  # wrapped rows/cols: loads stay in bounds
-    w_ptrs = w + rk[:, None] * s_wk + (rn % N)[None, :] * s_wn
+    a_ptrs = a + (rm % M)[:, None] * s_am + (k_lo + rk)[None, :] * s_ak  # wrapped rows/cols: loads stay in bounds
+    w_ptrs = w + (k_lo + rk)[:, None] * s_wk + (rn % N)[None, :] * s_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - kb * BLOCK_K
+    for kb in range(0, tl.cdiv(k_len, BLOCK_K)):
+        k_left = k_len - kb * BLOCK_K
         x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         y = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
         if UPCAST:
@@ -50,8 +54,11 @@ def _gemm_kernel(a, w, bias, c, M, N, K, alpha, beta, act_alpha, act_beta,
         a_ptrs += BLOCK_K * s_ak
         w_ptrs += BLOCK_K * s_wk
 
-    acc = acc * alpha
     inside = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT:  # the tile's last split to finish sums them all and alone runs the epilogue
+        acc, last = split_k_sum(acc, ws, counts, BLOCK_M, BLOCK_N)
+        inside = inside & last
+    acc = acc * alpha
     if HAS_BIAS:
         b = tl.load(bias + rm[:, None] * s_bm + rn[None, :] * s_bn, mask=inside, other=0.0)
         acc += beta * b.to(tl.float32)
@@ -86,9 +93,10 @@ def default_config(m: int | None, n: int, k: int, itemsize: int, smem: int) -> d
     return _fit(cfg, itemsize, smem, 16)
 
 
-def configs(m: int | None, n: int, k: int, itemsize: int, smem: int, level: int) -> list[dict]:
+def configs(m: int | None, n: int, k: int, itemsize: int, smem: int, level: int, sms: int = 0) -> list[dict]:
     """The default config, then (level ≥ 2) every tile of the space that fits `smem` (with fewer stages if
-    need be) and is no larger than the problem."""
+    need be) and is no larger than the problem, and split-K variants of the first two small-row tiles where the tiles
+    fill under half of `sms` multiprocessors (`split_k_configs`: three splits a tile)."""
     first = default_config(m, n, k, itemsize, smem)
     if level <= 1:
         return [first]
@@ -99,14 +107,16 @@ def configs(m: int | None, n: int, k: int, itemsize: int, smem: int, level: int)
                    or cfg["BLOCK_K"] > pow2(k, 16, 128))
         if not too_big and smem_bytes(cfg, itemsize) <= smem and cfg not in out:
             out.append(cfg)
-    return out
+    return out + (split_k_configs(out, m, n, k, sms)[:6] if m else [])
 
 
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, alpha: float = 1.0,
            beta: float = 1.0, activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
-           config: dict | None = None, tf32: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+           config: dict | None = None, tf32: bool = False, out: torch.Tensor | None = None,
+           scratch: SplitScratch | None = None) -> torch.Tensor:
     """act(alpha · a @ w + beta · bias) in a's dtype; a (M, K), w (K, N), bias broadcastable to (M, N);
-    written into `out`'s bytes when given."""
+    written into `out`'s bytes when given. A config's SPLIT_K needs `scratch` (the caller's, kept while its kernel
+    lives); it is dropped where the grid already fills the GPU."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     (m, k), n = a.shape, w.shape[1]
@@ -115,10 +125,15 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     if m == 0 or n == 0:
         return c
     b = bias.expand(m, n) if bias is not None else c
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-    _gemm_kernel[grid](a, w, b, c, m, n, k, float(alpha), float(beta), float(act_alpha), float(act_beta),
-                       a.stride(0), a.stride(1), w.stride(0), w.stride(1), b.stride(0), b.stride(1),
-                       c.stride(0), c.stride(1), HAS_BIAS=bias is not None, ACT=activation,
-                       PRECISION=dot_precision(a.dtype, tf32), UPCAST=upcast_dot(a.dtype),
-                       **{key: cfg[key] for key in CONFIG_KEYS})
+    tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
+    per, splits = step_slice(triton.cdiv(k, cfg["BLOCK_K"]), cfg.get("SPLIT_K", 1))
+    if splits > 1 and (scratch is None or tiles >= sm_count(a.device)):
+        per, splits = triton.cdiv(k, cfg["BLOCK_K"]), 1  # a larger M than tuned for: the grid fills the GPU unsplit
+    ws, counts = scratch.get(a.device, splits, tiles, cfg["BLOCK_M"] * cfg["BLOCK_N"]) if splits > 1 else (c, c)
+    _gemm_kernel[(tiles, 1, splits)](
+        a, w, b, c, m, n, k, float(alpha), float(beta), float(act_alpha), float(act_beta),
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        ws, counts, per * cfg["BLOCK_K"], HAS_BIAS=bias is not None, ACT=activation,
+        PRECISION=dot_precision(a.dtype, tf32), UPCAST=upcast_dot(a.dtype), SPLIT=splits > 1,
+        **{key: cfg[key] for key in CONFIG_KEYS})
     return c

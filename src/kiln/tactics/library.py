@@ -24,6 +24,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)  # 
     torch_pool,
     triton_attention,
     triton_conv,
+    triton_conv_s2d,
     triton_cuda_core_conv,
     triton_norm,
     triton_pointwise,

@@ -1,10 +1,13 @@
 """MatMul, Gemm and FusedGemm through the generated Triton GEMM (kernels/gemm.py): constant right
-operand, alpha/beta/bias/activation fused into the epilogue, tile configs pruned by shared memory."""
+operand, alpha/beta/bias/activation fused into the epilogue, tile configs pruned by shared memory; split-K
+configs where the tiles underfill the GPU, each compiled kernel with its own scratch."""
 
 from __future__ import annotations
 
+import torch
+
 from kiln.kernels import gemm
-from kiln.kernels.common import smem_limit
+from kiln.kernels.common import SplitScratch, sm_count, smem_limit
 from kiln.tactics.common import first, rank, rowwise
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
@@ -14,7 +17,8 @@ def _configs(spec: LayerSpec, m: int | None, device, level: int):
     k, n = spec.inputs[1].const.shape[-2:]
     if spec.attrs.get("transB") or spec.attrs.get("trans_b"):
         k, n = n, k
-    return gemm.configs(m, n, k, spec.outputs[0].dtype.torch.itemsize, smem_limit(device), level)
+    return gemm.configs(m, n, k, spec.outputs[0].dtype.torch.itemsize, smem_limit(device), level,
+                        sm_count(torch.device(device.torch_device)))
 
 
 def supports_matmul(spec: LayerSpec, device) -> str | None:
@@ -41,11 +45,11 @@ def _compile_matmul(spec: LayerSpec, config, device):
     b = spec.inputs[1].const
     w = (b.t() if spec.attrs.get("trans_b") else b).contiguous()
     act, act_alpha, act_beta = epilogue(spec.attrs)
-    tf32 = spec.tf32
+    tf32, scratch = spec.tf32, SplitScratch()
 
     def rows(a, bias, buf):
         y = gemm.matmul(a.reshape(-1, a.shape[-1]), w, bias, activation=act, act_alpha=act_alpha,
-                        act_beta=act_beta, config=config, tf32=tf32, out=buf)
+                        act_beta=act_beta, config=config, tf32=tf32, out=buf, scratch=scratch)
         return y.reshape(*a.shape[:-1], w.shape[1])
 
     def run(inputs, out=None):
@@ -73,12 +77,13 @@ def _compile_gemm(spec: LayerSpec, config, device):
     a = spec.attrs
     b = spec.inputs[1].const
     w = (b.t() if a["transB"] else b).contiguous()
-    trans_a, alpha, beta, tf32 = a["transA"], a["alpha"], a["beta"], spec.tf32
+    trans_a, alpha, beta, tf32, scratch = a["transA"], a["alpha"], a["beta"], spec.tf32, SplitScratch()
 
     def run(inputs, out=None):
         x = inputs[0].t() if trans_a else inputs[0]
         c = inputs[2] if len(inputs) > 2 else None
-        return [gemm.matmul(x, w, c, alpha=alpha, beta=beta, config=config, tf32=tf32, out=first(out))]
+        return [gemm.matmul(x, w, c, alpha=alpha, beta=beta, config=config, tf32=tf32, out=first(out),
+                            scratch=scratch)]
 
     return run
 

@@ -24,9 +24,10 @@ from kiln.tactics.triton_common import mark_nhwc
 CHANNELS = 16  # S's channels: 4·C ≤ 16, and 16 bytes make a TMA row
 
 
-def s2d_reason(spec: LayerSpec) -> str | None:
+def s2d_reason(spec: LayerSpec, kinds: tuple[str, ...] = ("QuantConv",)) -> str | None:
+    """Why space-to-depth cannot run this conv (of one of `kinds`), or None: a stride-2 stem on ≤ 4 channels."""
     a, w = spec.attrs, spec.inputs[1].const
-    if spec.kind != "QuantConv" or w is None or w.dim() != 4:
+    if spec.kind not in kinds or w is None or w.dim() != 4:
         return "2-D convolutions only"
     if tuple(a.get("strides", (1, 1))) != (2, 2) or tuple(a.get("dilations", (1, 1))) != (1, 1) or \
             a.get("group", 1) != 1:
