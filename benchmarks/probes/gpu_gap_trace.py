@@ -1,6 +1,7 @@
 """Idle gaps on the GPU inside a kiln engine's call: the CUDA-graph replay traced (torch.profiler, Chrome trace),
 device activities sorted by start, and the time between one's end and the next one's start summed and listed,
-with the activities either side; plus each layer's tactic. For rows whose event time exceeds their kernel time.
+with the activities either side; each kernel name's busy time a call; plus each layer's tactic. For rows whose
+event time exceeds their kernel time.
 
     python -m benchmarks.probes.gpu_gap_trace --out DIR [--rows bert@512:32,bert:64]
 
@@ -46,8 +47,12 @@ def gaps(spans: list, calls: int) -> dict:
         end = max(end, e)
     total = spans[-1][1] - spans[0][0]
     listed.sort(reverse=True)
+    busy = Counter()
+    for s, e, name in spans:
+        busy[name[:90]] += (e - s) / calls
     return {"span_ms": total / 1e3 / calls, "idle_ms": idle / 1e3 / calls, "activities": len(spans) // calls,
-            "largest": [{"us": round(g, 1), "after": a, "before": b} for g, a, b in listed[:15]]}
+            "largest": [{"us": round(g, 1), "after": a, "before": b} for g, a, b in listed[:15]],
+            "busy_us_by_kernel": {k: round(v, 1) for k, v in busy.most_common(25)}}
 
 
 def row(name: str, batch: int, cache: Path) -> dict:
@@ -76,6 +81,8 @@ def main() -> None:
               f"idle {g['idle_ms']:.3f} ms, {g['activities']} activities")
         for x in g["largest"][:10]:
             print(f"    {x['us']:8.1f} us  after {x['after']}  before {x['before']}")
+        for k, us in list(g["busy_us_by_kernel"].items())[:12]:
+            print(f"    {us:8.1f} us busy  {k}")
         for t, n in list(r["tactics"].items())[:14]:
             print(f"    {n:4d} {t[:150]}")
 

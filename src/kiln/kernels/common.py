@@ -35,18 +35,21 @@ def sm_count(device: torch.device) -> int:
 
 
 def split_k_configs(tiles: list[dict], m: int, n: int, k: int, sms: int, taps: int = 1) -> list[dict]:
-    """Split-K variants of the small-row tiles (BLOCK_M ≤ 64) of an (m, n, taps·k) GEMM or implicit-GEMM conv whose
-    grid fills under half of `sms` multiprocessors (ResNet-50's late convs at batch 1, a classifier GEMV): the
-    (tap, BLOCK_K) reduction steps cut into SPLIT_K runs of two or more, about one or two programs a multiprocessor."""
-    out = []
-    for cfg in tiles:
-        grid = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-        if cfg["BLOCK_M"] > 64 or 2 * grid > sms:
-            continue
-        steps, fill = taps * triton.cdiv(k, cfg["BLOCK_K"]), pow2(sms // grid, 2, 32)
-        for split in (fill, 2 * fill, fill // 2):  # a wave, two (latency hidden), half
-            if 2 <= split and 2 * split <= steps and (cfg | {"SPLIT_K": split}) not in out:
-                out.append(cfg | {"SPLIT_K": split})
+    """Split-K variants of the first small-row tile (BLOCK_M ≤ 64) of an (m, n, taps·k) GEMM or implicit-GEMM conv
+    whose grid fills under half of `sms` multiprocessors (ResNet-50's late convs at batch 1, a classifier GEMV):
+    the (tap, BLOCK_K) reduction steps cut into SPLIT_K runs of two or more, about one program a multiprocessor,
+    half that or twice, at the tile's BLOCK_K and at two and four times it (fewer, larger loads a run; the caller
+    drops those its shared memory cannot hold)."""
+    tile = next((c for c in tiles if c["BLOCK_M"] <= 64), None)
+    if tile is None or 2 * triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]) > sms:
+        return []
+    out, fill = [], pow2(sms // (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])), 2, 32)
+    for block_k in sorted({tile["BLOCK_K"], min(2 * tile["BLOCK_K"], 128), min(4 * tile["BLOCK_K"], 128)}):
+        steps = taps * triton.cdiv(k, block_k)
+        for split in (fill, fill // 2, 2 * fill):
+            cfg = tile | {"BLOCK_K": block_k, "SPLIT_K": split}
+            if 2 <= split and 2 * split <= steps and block_k <= pow2(k, 16, 128) and cfg not in out:
+                out.append(cfg)
     return out
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, conv_epilogue, conv_output, dot_precision,
                                 output_pixels, pow2, sm_count, split_k_configs, split_k_sum, step_slice, upcast_dot)
 
-PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # configs offered per opt level; all from level 4
+PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # unsplit configs offered per opt level; all from level 4
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 _SPACE = [(128, 64, 32, 4, 3), (64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (64, 128, 32, 4, 3),
           (128, 128, 64, 8, 3), (32, 64, 32, 4, 4), (64, 32, 32, 2, 4), (16, 64, 64, 4, 3)]
@@ -98,8 +98,8 @@ def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int
                 and cfg["BLOCK_N"] <= pow2(co, 16, 128) and cfg not in out):
             out.append(cfg)
     out = out or [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 2, "num_stages": 2}]
-    split = split_k_configs(out, m, co, c, sms, taps) if level >= 2 and m else []
-    return out[:PER_LEVEL.get(level, len(out))] + split[:PER_LEVEL.get(level, len(split))]
+    split = [cfg for cfg in split_k_configs(out, m, co, c, sms, taps) if smem_bytes(cfg, itemsize) <= smem]
+    return out[:PER_LEVEL.get(level, len(out))] + (split if level >= 2 and m else [])
 
 
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,
