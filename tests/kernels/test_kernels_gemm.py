@@ -214,10 +214,11 @@ def test_split_configs_for_a_classifier_gemv_only():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(1, 1000, 2048), (197, 768, 3072), (128, 768, 3072)])
+@pytest.mark.parametrize("m, n, k", [(1, 1000, 2048), (8, 768, 3072), (49, 512, 4608)])
 def test_gpu_split_k_small_rows_every_config(m, n, k):
-    """The classifier GEMV and ViT / BERT's FFN down-projection at batch 1, fp16 with bias and GELU: every config
-    at level 3, split-K among them, three calls each on the GPU's atomics."""
+    """Few-row GEMMs (ResNet-50's classifier at batch 1, a FFN down-projection over 8 rows, the im2col form of
+    its last 3x3 conv), fp16 with bias and GELU: every config at level 3, split-K among them, three calls each on
+    the GPU's atomics."""
     a = torch.randn(m, k, device="cuda").half()
     w, b = (torch.randn(k, n, device="cuda") * 0.02).half(), torch.randn(n, device="cuda").half()
     want = F.gelu(a.float() @ w.float() + b.float()).half()
