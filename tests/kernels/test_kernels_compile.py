@@ -1,6 +1,6 @@
 """The fp16 Triton kernels compile for Hopper (sm90) with the ptxas Triton ships, no GPU needed: the interpreter
 that runs the CPU tests forgives what the compiler refuses, and the shared @triton.jit helpers (grouped tiles,
-output pixels, row normalization) must compile inside every kernel that calls them."""
+output pixels, row normalization, split-K's sum) must compile inside every kernel that calls them."""
 
 import os
 import subprocess
@@ -22,15 +22,22 @@ h = "*fp16"
 g = dict(zip("a w bias c".split(), [h] * 4)) | {k: "i32" for k in \
 "M N K s_am s_ak s_wk s_wn s_bm s_bn s_cm s_cn".split()}
 g |= {k: "fp32" for k in "alpha beta act_alpha act_beta".split()}
-k = build(gemm._gemm_kernel, g, {"HAS_BIAS": True, "ACT": "gelu_tanh", "PRECISION": "tf32", "UPCAST": False,
-                                  "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8})
-assert "wgmma" in k.asm["ptx"]
+split = {"ws": "*fp32", "counts": "*i32"}  # split-K's partial tiles and tile counts
+g |= split | {"k_per": "i32"}
+for s in (False, True):  # unsplit, and split-K (atomic count, partials summed by the last run)
+    k = build(gemm._gemm_kernel, g, {"HAS_BIAS": True, "ACT": "gelu_tanh", "PRECISION": "tf32", "UPCAST": False,
+                                      "BLOCK_M": 128 if not s else 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
+                                      "SPLIT": s})
+    assert "wgmma" in k.asm["ptx"] and ("atom" in k.asm["ptx"]) == s
 c = dict(zip("x w bias res y".split(), [h] * 5))
 c |= {k: "i32" for k in "N H W C OH OW CO KH KW sh sw ph pw dh dw".split()}
 c |= {k: "fp32" for k in "act_alpha act_beta".split()}
 c |= {k: "i32" for k in "s_xn s_xc s_xh s_xw s_rn s_rc s_rh s_rw s_yn s_yc s_yh s_yw".split()}
-build(conv._conv_kernel, c, {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu", "PRECISION": "tf32", "UPCAST": False,
-                             "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32})
+c |= split | {"t_per": "i32"}
+for s in (False, True):
+    build(conv._conv_kernel, c, {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu", "PRECISION": "tf32",
+                                 "UPCAST": False, "BLOCK_M": 128 if not s else 64, "BLOCK_N": 64, "BLOCK_K": 32,
+                                 "SPLIT": s})
 ln = dict(zip("x w b y".split(), [h] * 4)) | {"N": "i32", "s_x": "i32", "s_y": "i32", "eps": "fp32"}
 for one_pass in (True, False):
     build(layernorm._layernorm_kernel, ln, {"HAS_BIAS": True, "BLOCK": 1024, "ONE_PASS": one_pass})

@@ -137,6 +137,34 @@ def test_infer_exact_and_validation(repo):
     asyncio.run(main())
 
 
+def test_a_batch_copies_out_only_the_outputs_its_requests_asked_for(repo, monkeypatch):
+    """Merged requests that ask for "d" alone run a batch that keeps only "d" (a GPU batch downloads only it); one
+    request asking for everything makes its batch keep both; each answer is exact and holds what it asked for."""
+    from kiln.serve import batcher
+    kept = []
+    only = batcher._only
+    monkeypatch.setattr(batcher, "_only", lambda outputs, wanted: kept.append(wanted) or only(outputs, wanted))
+
+    async def main():
+        m = repo.get("onnxy")
+        a = [np.full((1, 3), i, np.float32) for i in range(4)]
+        b = np.ones((1, 3), np.float32)
+        outs = await asyncio.gather(*(m.infer({"a": x, "b": b}, requested=["d"]) for x in a))
+        assert [list(o) for o in outs] == [["d"]] * 4
+        for x, o in zip(a, outs):
+            np.testing.assert_array_equal(o["d"], x - b)
+        assert kept and all(w == frozenset({"d"}) for w in kept)
+        kept.clear()
+        both = await asyncio.gather(m.infer({"a": a[0], "b": b}, requested=["s"]), m.infer({"a": a[1], "b": b}))
+        assert list(both[0]) == ["s"] and sorted(both[1]) == ["d", "s"]
+        np.testing.assert_array_equal(both[0]["s"], a[0] + b)
+        np.testing.assert_array_equal(both[1]["d"], a[1] - b)
+        assert None in kept
+        assert m.statistics()["execution_count"] < 6  # the requests were merged
+        await repo.close()
+    asyncio.run(main())
+
+
 def test_dynamic_batching(repo):
     async def main():
         m = repo.get("affine")

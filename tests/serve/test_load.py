@@ -116,6 +116,10 @@ def test_loadgen_grpc_and_errors(server, tmp_path):
     assert report["succeeded"] == 40 and report["latency_ms"]["p50"] > 0
     bad = run_load(url, "affine", {"x": np.ones((1, 3), np.float32)}, concurrency=2, requests=6)  # wrong shape: 400
     assert bad["succeeded"] == 0 and bad["errors"] == {"400": 6} and bad["latency_ms"]["p50"] is None
+    for target, protocol in ((url, "http"), (grpc_url, "grpc")):  # --output: only the named outputs asked for
+        assert run_load(target, "affine", {"x": x}, protocol=protocol, requests=5, outputs=["y"])["succeeded"] == 5
+        unknown = run_load(target, "affine", {"x": x}, protocol=protocol, requests=3, outputs=["nope"])
+        assert unknown["succeeded"] == 0 and "nope" in next(iter(unknown["error_examples"].values()))
     np.save(tmp_path / "x.npy", x)
     runner = CliRunner()
     r = runner.invoke(app, ["loadgen", f"http://{url}", "affine", "-n", "5", "--input", f"x={tmp_path / 'x.npy'}",

@@ -49,6 +49,8 @@ def loadgen(
                               "random, of the --shape or the model's shape (-1 dims as 1).")] = None,
     shape: Annotated[Optional[list[str]], typer.Option(
         "--shape", help="name:1x4: the shape of a random input (batch dim included); repeatable.")] = None,
+    outputs: Annotated[Optional[list[str]], typer.Option(
+        "--output", "-o", help="Ask for only this output; repeatable (default: every output).")] = None,
     model_version: Annotated[str, typer.Option("--model-version", help="The model version (empty: the latest).")]
     = "",
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, max=MAX_DURATION_S,
@@ -77,7 +79,8 @@ def loadgen(
     feeds = model_inputs(target, model, model_version, protocol, inputs or [], parse_shapes(shape, "--shape"), seed,
                          timeout)
     report = run_load(target, model, feeds, protocol=protocol, concurrency=concurrency, requests=requests,
-                      duration_s=duration, version=model_version, timeout_s=timeout, shared_memory=shared_memory)
+                      duration_s=duration, version=model_version, timeout_s=timeout, shared_memory=shared_memory,
+                      outputs=outputs)
     if json:
         print_json(report)
     else:
@@ -218,6 +221,14 @@ def _output_sizes(protocol: str, target: str, model: str, feeds: dict, version: 
     return {o["name"]: result.as_numpy(o["name"]).nbytes for o in response["outputs"]}
 
 
+def _requested(module, protocol: str, outputs: list[str] | None) -> list | None:
+    """The requested outputs of a request over the socket (binary tensors over HTTP); None: every output."""
+    if not outputs:
+        return None
+    kw = {"binary_data": True} if protocol == "http" else {}
+    return [module.InferRequestedOutput(name, **kw) for name in outputs]
+
+
 def _socket_inputs(module, protocol: str, feeds: dict) -> list:
     from kiln.serve.dtypes import numpy_to_v2
 
@@ -301,10 +312,11 @@ def _shm_utils(memory: str):
 
 def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol: str = "http", concurrency: int = 1,
              requests: int | None = None, duration_s: float | None = None, version: str = "",
-             timeout_s: float = 60.0, shared_memory: str = "none") -> dict:
+             timeout_s: float = 60.0, shared_memory: str = "none", outputs: list[str] | None = None) -> dict:
     """Send `feeds` to `model` from `concurrency` threads (one client each) until `requests` were sent or
     `duration_s` passed; the report as a dict (latencies of the successful requests, in ms). `shared_memory`
-    "system" / "cuda": each thread passes its tensors through its own POSIX / GPU 0 shared memory regions."""
+    "system" / "cuda": each thread passes its tensors through its own POSIX / GPU 0 shared memory regions.
+    `outputs`: ask for only these (default: every output)."""
     import numpy as np
 
     if shared_memory not in SHARED_MEMORY:
@@ -320,6 +332,8 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
         _shm_utils(shared_memory)  # a ConfigError now, not one error per request, when the client cannot
     out_sizes = (_output_sizes(protocol, target, model, feeds, version, timeout_s) if shared_memory != "none"
                  else None)
+    if out_sizes is not None and outputs:
+        out_sizes = {n: out_sizes[n] for n in outputs if n in out_sizes}
     tag = f"kiln_loadgen_{os.getpid()}_{uuid.uuid4().hex[:8]}"  # this run's region names and /dev/shm keys
     lock = threading.Lock()
     sent = [0]
@@ -355,7 +369,7 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
                         record(None, e)
                     return
             ins = regions.inputs if regions else _socket_inputs(module, protocol, feeds)
-            outs = regions.outputs if regions else None
+            outs = regions.outputs if regions else _requested(module, protocol, outputs)
             kw = {"client_timeout": timeout_s} if protocol == "grpc" else {}
             while take():
                 t0 = time.perf_counter()

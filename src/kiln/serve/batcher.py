@@ -61,6 +61,7 @@ class Request:
     timer: asyncio.TimerHandle | None = None
     length: int | None = None
     timing: RequestTiming | None = None
+    outputs: frozenset[str] | None = None  # the outputs it asked for (None: all)
 
 
 @dataclass(eq=False)
@@ -201,8 +202,9 @@ class DynamicBatcher:
         return 0 if self._state is None else len(self._state.pending)
 
     async def submit(self, inputs: dict[str, np.ndarray], rows: int, timeout_s: float | None = None,
-                     timing: RequestTiming | None = None) -> dict:
-        """Queue one request (inputs already validated) and wait for exactly its rows of every output; `timing`
+                     timing: RequestTiming | None = None, outputs: frozenset[str] | None = None) -> dict:
+        """Queue one request (inputs already validated) and wait for exactly its rows of every output (of `outputs`
+        at least, where given: a batch copies to the host only the outputs some request in it asked for); `timing`
         gets its queue wait and its batch's input assembly, engine and output split times."""
         if self._closed:
             raise ModelNotReady(f"model {self.name!r} is unloading; no new requests are accepted")
@@ -211,7 +213,7 @@ class DynamicBatcher:
             raise QueueFull(f"model {self.name!r}: the queue is full ({self.max_queue_size} requests waiting); "
                             "retry later", http_status=self.reject_status)
         key, length = self._key(inputs)
-        req = Request(inputs, rows, key, state.loop.create_future(), length=length, timing=timing)
+        req = Request(inputs, rows, key, state.loop.create_future(), length=length, timing=timing, outputs=outputs)
         self._gap_ns += (req.enqueued_ns - self._arrived_ns - self._gap_ns) / 8
         self._arrived_ns = req.enqueued_ns
         if timeout_s:
@@ -473,8 +475,9 @@ class DynamicBatcher:
         ctx = self._contexts.get()
         try:
             feeds = self._assemble(live, padded, bucket, self._staging.get(id(ctx)))
+            wanted = None if any(r.outputs is None for r in live) else frozenset().union(*(r.outputs for r in live))
             ran = time.perf_counter_ns()
-            outputs = _run_on_device(ctx, feeds) if self._on_cuda else _run_on_host(ctx, feeds)
+            outputs = (_run_on_device if self._on_cuda else _run_on_host)(ctx, feeds, wanted)
         finally:
             self._contexts.put(ctx)
         done = time.perf_counter_ns()
@@ -528,21 +531,26 @@ class DynamicBatcher:
             self.on_batch(record)
 
 
-def _run_on_device(ctx, feeds: dict) -> dict:
-    """numpy feeds uploaded here and outputs downloaded here, so that a batch shape met before takes the context's
-    replay fast path (no checks again); device tensors (CUDA shared memory) go in as they are; string and other
-    non-numeric feeds go the checked way."""
+def _only(outputs: dict, wanted: frozenset[str] | None) -> dict:
+    """The `wanted` outputs (all where None)."""
+    return outputs if wanted is None else {k: v for k, v in outputs.items() if k in wanted}
+
+
+def _run_on_device(ctx, feeds: dict, wanted: frozenset[str] | None = None) -> dict:
+    """numpy feeds uploaded here and the `wanted` outputs (None: all) downloaded here, so that a batch shape met
+    before takes the context's replay fast path (no checks again); device tensors (CUDA shared memory) go in as they
+    are; string and other non-numeric feeds go the checked way."""
     if not all(isinstance(v, torch.Tensor) or isinstance(v, np.ndarray) and v.dtype.kind in "biuf"
                for v in feeds.values()):
-        return ctx.run(feeds)
+        return _only(ctx.run(feeds), wanted)
     device = ctx.engine.device.torch_device
-    return ctx.download(ctx.run({k: v if isinstance(v, torch.Tensor) else upload(as_torch(k, v)[0], device)
-                                 for k, v in feeds.items()}))
+    return ctx.download(_only(ctx.run({k: v if isinstance(v, torch.Tensor) else upload(as_torch(k, v)[0], device)
+                                       for k, v in feeds.items()}), wanted))
 
 
-def _run_on_host(ctx, feeds: dict) -> dict:
-    """A CPU engine's outputs as numpy arrays (it answers tensor feeds with tensors)."""
-    outputs = ctx.run(feeds)
+def _run_on_host(ctx, feeds: dict, wanted: frozenset[str] | None = None) -> dict:
+    """A CPU engine's `wanted` outputs (None: all) as numpy arrays (it answers tensor feeds with tensors)."""
+    outputs = _only(ctx.run(feeds), wanted)
     return ctx.download(outputs) if any(isinstance(v, torch.Tensor) for v in feeds.values()) else outputs
 
 

@@ -141,7 +141,8 @@ class ServedModel:
             rows = self._validate(inputs, requested)
             timing.input_ns = decode_ns + time.perf_counter_ns() - start
             timeout = timeout_s if timeout_s is not None else self._default_timeout_s
-            outputs = await self.batcher.submit(dict(inputs), rows, timeout or None, timing)
+            outputs = await self.batcher.submit(dict(inputs), rows, timeout or None, timing,
+                                                None if requested is None else frozenset(requested))
             answered = time.perf_counter_ns()
             result = {k: outputs[k] for k in (requested if requested is not None else outputs)}
             if encode is not None:
