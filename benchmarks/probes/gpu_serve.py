@@ -57,6 +57,17 @@ MAX_BATCH = 64
 PREFERRED = [64, 32, 16]
 VOCAB_IDS = 1000  # token ids sent to the server: below every model's vocabulary
 
+def _outputs_arg(text: str) -> dict[str, list[str]]:
+    """`bert=pooler_output,resnet50=logits` → {"bert": ["pooler_output"], ...} (`+` joins several outputs)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        model, _, names = item.partition("=")
+        if not names:
+            raise argparse.ArgumentTypeError(f"{item!r} is not model=output")
+        out[model] = names.split("+")
+    return out
+
+
 # ------------------------------------------------------------------ client processes (light imports only: spawned)
 
 
@@ -83,7 +94,7 @@ def _fixed_load(job: dict) -> dict:
     r = run_load(job["url"], job["model"], job["feeds"], protocol=job.get("protocol", "grpc"),
                  concurrency=job["concurrency"],
                  requests=job.get("requests"), duration_s=job.get("duration"), timeout_s=job.get("timeout", 60.0),
-                 shared_memory=job.get("shared_memory", "none"))
+                 shared_memory=job.get("shared_memory", "none"), outputs=job.get("outputs"))
     r.pop("shapes", None)
     return r
 
@@ -702,15 +713,16 @@ class Probe:
         `protocol` grpc or http (binary tensors)."""
         per = split(concurrency, self.args.clients)
         url = self.server.url if protocol == "grpc" else self.server.http_url
+        wanted = self.args.outputs.get(model.removesuffix("_nodelay"))
         jobs = [{"kind": "fixed", "url": url, "model": model, "feeds": feeds, "concurrency": c, "protocol": protocol,
-                 "duration": duration, "shared_memory": shared_memory} for c in per]
+                 "duration": duration, "shared_memory": shared_memory, "outputs": wanted} for c in per]
         if requests is not None:
             for job, n in zip(jobs, split(requests, len(per))):
                 job |= {"duration": None, "requests": n}
         before, stages = statistics(self.server.url, model), stage_totals(self.server.url, model)
         lags, fronts = loop_lags(self.server.http_url), front_totals(self.server.http_url)
         parts = self.clients.run(jobs, timeout_s=(duration or 0) + 300)
-        out = combine(parts) | {"concurrency": concurrency, "per_process_concurrency": per}
+        out = combine(parts) | {"concurrency": concurrency, "per_process_concurrency": per, "asked_outputs": wanted}
         out["loop_lag"] = lag_delta(lags, loop_lags(self.server.http_url))
         out["frontends"] = front_delta(fronts, front_totals(self.server.http_url), model)
         out["server"] = stats_delta(before, statistics(self.server.url, model))
@@ -1152,6 +1164,8 @@ def main() -> None:
     ap.add_argument("--perf-analyzer-shm", type=lambda v: v.split(","), default=["none"],
                     help="perf_analyzer runs once per listed --shared-memory kind (none, system, cuda); any but none "
                          "needs --shared-memory (the server's flag)")
+    ap.add_argument("--outputs", type=_outputs_arg, default={},
+                    help="model=out1+out2,...: the load runs ask only for these outputs (e.g. bert=pooler_output)")
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free one")
     ap.add_argument("--http-port", type=int, default=0, help="0: a free one")
     args = ap.parse_args()
