@@ -157,6 +157,7 @@ def test_split_configs_only_for_grids_that_underfill():
     assert all(2 * c["SPLIT_K"] <= 9 * 512 // c["BLOCK_K"] for c in split)  # two steps a split at least
     assert not any("SPLIT_K" in c for c in conv.configs(49 * 64, 512, 512, 2, 228 * 1024, 3, sms=132))
     assert not any("SPLIT_K" in c for c in conv.configs(49, 512, 512, 2, 228 * 1024, 1, sms=132))
+    assert not any("SPLIT_K" in c for c in conv.configs(None, 512, 512, 2, 228 * 1024, 3, sms=132))  # rows unknown
 
 
 def test_step_slice():

@@ -98,8 +98,8 @@ def configs(m: int | None, co: int, c: int, itemsize: int, smem: int, level: int
                 and cfg["BLOCK_N"] <= pow2(co, 16, 128) and cfg not in out):
             out.append(cfg)
     out = out or [{"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 2, "num_stages": 2}]
-    split = [cfg for cfg in split_k_configs(out, m, co, c, sms, taps) if smem_bytes(cfg, itemsize) <= smem]
-    return out[:PER_LEVEL.get(level, len(out))] + (split if level >= 2 and m else [])
+    split = split_k_configs(out, m, co, c, sms, taps) if level >= 2 and m else []
+    return out[:PER_LEVEL.get(level, len(out))] + [cfg for cfg in split if smem_bytes(cfg, itemsize) <= smem]
 
 
 def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], strides, pads, dilations,
