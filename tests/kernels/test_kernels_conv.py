@@ -16,6 +16,7 @@ from kiln.builder.autotune import TOLERANCE  # noqa: E402
 from kiln.target.device import Device  # noqa: E402
 from kiln.ir import DType  # noqa: E402
 from kiln.kernels import conv  # noqa: E402
+from kiln.kernels import common  # noqa: E402
 from kiln.kernels.common import step_slice  # noqa: E402
 from kiln.kinds import run_reference  # noqa: E402
 from kiln.tactics import registry  # noqa: E402
@@ -116,7 +117,7 @@ def test_split_k_matches_reference_and_resets_its_counts(split, monkeypatch):
     """Split-K over the 3·3·3 (tap, channel block) steps (a split ending mid-tap at 2 and 4; 40 channels: a ragged
     last block) with bias, residual and ReLU: the same answer on every call, so each tile's count is back at zero
     after its last split."""
-    monkeypatch.setattr(conv, "sm_count", lambda device: 132)  # the interpreter's 2 would call 4 tiles a full GPU
+    monkeypatch.setattr(common, "sm_count", lambda device: 132)  # the interpreter's 2 would call 4 tiles a full GPU
     g = torch.Generator().manual_seed(split)
     x = torch.randn(1, 40, 5, 6, generator=g)
     w, b, r = torch.randn(24, 40, 3, 3, generator=g) * 0.2, torch.randn(24, generator=g), torch.randn(1, 24, 5, 6)
@@ -134,7 +135,7 @@ def test_split_k_matches_reference_and_resets_its_counts(split, monkeypatch):
 
 
 def test_split_k_without_scratch_or_on_a_full_grid_runs_unsplit(monkeypatch):
-    monkeypatch.setattr(conv, "sm_count", lambda device: 4)
+    monkeypatch.setattr(common, "sm_count", lambda device: 4)
     x, w = torch.randn(1, 32, 8, 8), torch.randn(8, 32, 1, 1)  # 4 tiles of 16 pixels: the "GPU" is full
     scratch = conv.SplitScratch()
     got = conv.conv2d(x, conv.pack_weight(w), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), config=SMALL | {"SPLIT_K": 2},

@@ -185,7 +185,7 @@ def test_gpu_fp32_is_true_fp32_unless_tf32():
 def test_split_k_epilogue_and_counts_reset(split, monkeypatch):
     """Split-K over K = 100 (a ragged last block; 7 steps of 16, unevenly split) with alpha, beta·bias and an
     activation applied once after the sum; the same answer twice, so every tile's count is back at zero."""
-    monkeypatch.setattr(gemm, "sm_count", lambda device: 132)  # the interpreter's 2 would call 6 tiles a full GPU
+    monkeypatch.setattr(common, "sm_count", lambda device: 132)  # the interpreter's 2 would call 6 tiles a full GPU
     g = torch.Generator().manual_seed(split)
     a, w, b = (torch.randn(s, generator=g) for s in ((37, 100), (100, 45), (45,)))
     want = torch.relu(0.5 * a @ w + 2.0 * b)
@@ -198,7 +198,7 @@ def test_split_k_epilogue_and_counts_reset(split, monkeypatch):
 
 
 def test_gemm_tactic_split_k_config(monkeypatch):
-    monkeypatch.setattr(gemm, "sm_count", lambda device: 132)
+    monkeypatch.setattr(common, "sm_count", lambda device: 132)
     inputs = [torch.randn(3, 96), torch.randn(96, 20)]
     spec, want = _spec("MatMul", {}, inputs, consts={1})
     _check(registry.get("triton_matmul").compile(spec, SMALL | {"SPLIT_K": 3}, CPU)(inputs)[0], want[0])

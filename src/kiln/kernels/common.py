@@ -59,6 +59,16 @@ def step_slice(steps: int, split: int) -> tuple[int, int]:
     return per, triton.cdiv(steps, per)
 
 
+def split_k_plan(cfg: dict, steps: int, tiles: int, device: torch.device, scratch, unused: torch.Tensor) -> tuple:
+    """(reduction steps a program, splits, partials, counts) for a launch of `tiles` tiles over `steps` steps under
+    `cfg`'s SPLIT_K: unsplit (`unused` for the two buffers) without `scratch` or where the tiles alone fill the GPU
+    (a larger batch than tuned for)."""
+    per, splits = step_slice(steps, cfg.get("SPLIT_K", 1))
+    if splits == 1 or scratch is None or tiles >= sm_count(device):
+        return steps, 1, unused, unused
+    return (per, splits, *scratch.get(device, splits, tiles, cfg["BLOCK_M"] * cfg["BLOCK_N"]))
+
+
 class SplitScratch:
     """A split-K kernel's fp32 partial tiles and zeroed tile counts, one set per CUDA stream and grid (contexts on
     other streams never share them) and kept while the kernel lives: a captured CUDA graph holds their addresses."""

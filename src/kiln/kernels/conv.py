@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, conv_epilogue, conv_output, dot_precision,
-                                output_pixels, pow2, sm_count, split_k_configs, split_k_sum, step_slice, upcast_dot)
+                                output_pixels, pow2, split_k_configs, split_k_plan, split_k_sum, upcast_dot)
 
 PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # unsplit configs offered per opt level; all from level 4
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
@@ -122,11 +122,8 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], str
     cfg = config or configs(n * oh * ow, co, c, x.element_size(), DEFAULT_SMEM, 1)[0]
     r = residual if residual is not None else y
     grid = (triton.cdiv(n * oh * ow, cfg["BLOCK_M"]), triton.cdiv(co, cfg["BLOCK_N"]))
-    t_per, splits = step_slice(kh * kw * triton.cdiv(c, cfg["BLOCK_K"]), cfg.get("SPLIT_K", 1))
-    if splits > 1 and (scratch is None or grid[0] * grid[1] >= sm_count(x.device)):
-        splits = 1  # a larger batch than tuned for: the grid fills the GPU unsplit
-    ws, counts = (scratch.get(x.device, splits, grid[0] * grid[1], cfg["BLOCK_M"] * cfg["BLOCK_N"]) if splits > 1
-                  else (y, y))
+    t_per, splits, ws, counts = split_k_plan(cfg, kh * kw * triton.cdiv(c, cfg["BLOCK_K"]), grid[0] * grid[1],
+                                             x.device, scratch, y)
     _conv_kernel[grid + (splits,)](
         x, w_packed, bias if bias is not None else y, r, y, n, h, wd, c, oh, ow, co, kh, kw,
         sh, sw, pads[0], pads[1], dh, dw, float(act_alpha), float(act_beta),

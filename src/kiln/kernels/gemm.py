@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, activate, dot_precision, grouped_tile, pow2,
-                                sm_count, split_k_configs, split_k_sum, step_slice, upcast_dot)
+                                split_k_configs, split_k_plan, split_k_sum, upcast_dot)
 from kiln.kernels.out_buffer import take
 
 TILES_WANTED = 64  # the default config shrinks tiles until a problem has this many (enough to fill most GPUs)
@@ -126,10 +126,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         return c
     b = bias.expand(m, n) if bias is not None else c
     tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-    per, splits = step_slice(triton.cdiv(k, cfg["BLOCK_K"]), cfg.get("SPLIT_K", 1))
-    if splits > 1 and (scratch is None or tiles >= sm_count(a.device)):
-        per, splits = triton.cdiv(k, cfg["BLOCK_K"]), 1  # a larger M than tuned for: the grid fills the GPU unsplit
-    ws, counts = scratch.get(a.device, splits, tiles, cfg["BLOCK_M"] * cfg["BLOCK_N"]) if splits > 1 else (c, c)
+    per, splits, ws, counts = split_k_plan(cfg, triton.cdiv(k, cfg["BLOCK_K"]), tiles, a.device, scratch, c)
     _gemm_kernel[(tiles, 1, splits)](
         a, w, b, c, m, n, k, float(alpha), float(beta), float(act_alpha), float(act_beta),
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
