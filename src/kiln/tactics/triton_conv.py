@@ -26,22 +26,26 @@ def _configs(spec: LayerSpec, device, level: int):
                                   smem_limit(device), level, sm_count(torch.device(device.torch_device)), kh * kw))
 
 
-def _compile(spec: LayerSpec, config, device):
-    a = spec.attrs
-    w = conv.pack_weight(spec.inputs[1].const)
-    kernel, strides, dilations = tuple(a["kernel_shape"]), tuple(a["strides"]), tuple(a["dilations"])
-    pads = [a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3]]
-    act, act_alpha, act_beta = epilogue(a) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
+def conv_runner(spec: LayerSpec, config: dict, w_packed, kernel, strides, pads, dilations, prepare=None):
+    """A FusedConv / Conv kernel through kernels/conv.py with `config`'s tiles (split-K with a scratch of its own);
+    `prepare` maps the layer's input to what the conv reads (space-to-depth's row view, say)."""
+    act, act_alpha, act_beta = epilogue(spec.attrs) if spec.kind == "FusedConv" else ("none", 1.0, 0.0)
     tiles = {k: config[k] for k in conv.CONFIG_KEYS + ("SPLIT_K",) if k in config}
     tf32, scratch = spec.tf32, SplitScratch()
 
     def run(inputs, out=None):
         x, _, bias, residual = (list(inputs) + [None] * 4)[:4]
-        return [conv.conv2d(x, w, kernel, strides, pads, dilations, bias, residual, activation=act,
-                            act_alpha=act_alpha, act_beta=act_beta, config=tiles, tf32=tf32, out=first(out),
-                            scratch=scratch)]
+        return [conv.conv2d(prepare(x) if prepare else x, w_packed, kernel, strides, pads, dilations, bias, residual,
+                            activation=act, act_alpha=act_alpha, act_beta=act_beta, config=tiles, tf32=tf32,
+                            out=first(out), scratch=scratch)]
 
     return run
+
+
+def _compile(spec: LayerSpec, config, device):
+    a = spec.attrs
+    return conv_runner(spec, config, conv.pack_weight(spec.inputs[1].const), tuple(a["kernel_shape"]),
+                       tuple(a["strides"]), list(a["pads"][:4]), tuple(a["dilations"]))
 
 
 register(Tactic("triton_conv", ("Conv", "FusedConv"), _compile, _supports, _configs, priority=30,
