@@ -14,6 +14,7 @@ import pytest
 import torch
 from test_http import affine_repository, serving
 
+from kiln.errors import ConfigError
 from kiln.serve.errors import AlreadyExists, BadRequest, RegionNotFound
 from kiln.serve.shared_memory import SharedMemoryRegistry, TensorRef, tensor_ref
 
@@ -302,6 +303,11 @@ def test_loadgen_through_shared_memory(server, protocol):
     assert report["shared_memory"] == "system"
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"kiln_loadgen_{os.getpid()}_")]
     assert httpclient.InferenceServerClient(url).get_system_shared_memory_status() == []
+    target = url if protocol == "http" else grpc_url
+    named = run_load(target, MODEL, feeds, protocol=protocol, requests=5, shared_memory="system", outputs=["y"])
+    assert named["succeeded"] == 5, named["error_examples"]
+    with pytest.raises(ConfigError, match="no output 'nope'"):
+        run_load(target, MODEL, feeds, protocol=protocol, requests=1, shared_memory="system", outputs=["nope"])
 
 
 def test_loadgen_shared_memory_needs_this_machine():

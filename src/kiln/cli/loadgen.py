@@ -333,7 +333,10 @@ def run_load(target: str, model: str, feeds: dict[str, np.ndarray], *, protocol:
     out_sizes = (_output_sizes(protocol, target, model, feeds, version, timeout_s) if shared_memory != "none"
                  else None)
     if out_sizes is not None and outputs:
-        out_sizes = {n: out_sizes[n] for n in outputs if n in out_sizes}
+        if unknown := [n for n in outputs if n not in out_sizes]:
+            raise ConfigError(f"model {model!r} has no output {', '.join(map(repr, unknown))}; its outputs: "
+                              f"{', '.join(out_sizes)}")
+        out_sizes = {n: out_sizes[n] for n in outputs}
     tag = f"kiln_loadgen_{os.getpid()}_{uuid.uuid4().hex[:8]}"  # this run's region names and /dev/shm keys
     lock = threading.Lock()
     sent = [0]
