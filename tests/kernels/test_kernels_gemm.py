@@ -213,8 +213,16 @@ def test_split_configs_for_a_classifier_gemv_only():
     assert len(gemm.configs(1, 1000, 2048, 2, 227 * 1024, 1, sms=132)) == 1
 
 
+def test_split_configs_from_a_tile_that_underfills():
+    """BERT-base's FFN down-projection at batch 1 (128 x 3072 → 768): the default tile alone fills the GPU (96 tiles
+    of 32 x 32), so the split-K configs come from the first small-row tile that does not (64 x 128: 12 tiles)."""
+    split = [c for c in gemm.configs(128, 768, 3072, 2, 227 * 1024, 3, sms=132) if "SPLIT_K" in c]
+    assert split and all(2 * (128 // c["BLOCK_M"]) * (768 // c["BLOCK_N"]) <= 132 for c in split)
+    assert any(66 <= 2 * 6 * c["SPLIT_K"] <= 264 for c in split)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(1, 1000, 2048), (8, 768, 3072), (49, 512, 4608)])
+@pytest.mark.parametrize("m, n, k", [(1, 1000, 2048), (8, 768, 3072), (49, 512, 4608), (128, 768, 3072)])
 def test_gpu_split_k_small_rows_every_config(m, n, k):
     """Few-row GEMMs (ResNet-50's classifier at batch 1, a FFN down-projection over 8 rows, the im2col form of
     its last 3x3 conv), fp16 with bias and GELU: every config at level 3, split-K among them, three calls each on

@@ -35,15 +35,18 @@ def sm_count(device: torch.device) -> int:
 
 
 def split_k_configs(tiles: list[dict], m: int, n: int, k: int, sms: int, taps: int = 1) -> list[dict]:
-    """Split-K variants of the first small-row tile (BLOCK_M ≤ 64) of an (m, n, taps·k) GEMM or implicit-GEMM conv
-    whose grid fills under half of `sms` multiprocessors (ResNet-50's late convs at batch 1, a classifier GEMV):
-    the (tap, BLOCK_K) reduction steps cut into SPLIT_K runs of two or more, about one program a multiprocessor,
-    half that or twice, at the tile's BLOCK_K and at two and four times it (fewer, larger loads a run; the caller
-    drops those its shared memory cannot hold)."""
-    tile = next((c for c in tiles if c["BLOCK_M"] <= 64), None)
-    if tile is None or 2 * triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"]) > sms:
+    """Split-K variants of the first small-row tile (BLOCK_M ≤ 64) whose grid over an (m, n, taps·k) GEMM or
+    implicit-GEMM conv fills under half of `sms` multiprocessors (ResNet-50's late convs and BERT's GEMMs at batch
+    1, a classifier GEMV): the (tap, BLOCK_K) reduction steps cut into SPLIT_K runs of two or more, about one
+    program a multiprocessor, half that or twice, at the tile's BLOCK_K and at two and four times it (fewer, larger
+    loads a run; the caller drops those its shared memory cannot hold)."""
+    def grid(c: dict) -> int:
+        return triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])
+
+    tile = next((c for c in tiles if c["BLOCK_M"] <= 64 and 2 * grid(c) <= sms), None)
+    if tile is None:
         return []
-    out, fill = [], pow2(sms // (triton.cdiv(m, tile["BLOCK_M"]) * triton.cdiv(n, tile["BLOCK_N"])), 2, 32)
+    out, fill = [], pow2(sms // grid(tile), 2, 32)
     for block_k in sorted({tile["BLOCK_K"], min(2 * tile["BLOCK_K"], 128), min(4 * tile["BLOCK_K"], 128)}):
         steps = taps * triton.cdiv(k, block_k)
         for split in (fill, fill // 2, 2 * fill):
