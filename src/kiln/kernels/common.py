@@ -38,8 +38,8 @@ def split_k_configs(tiles: list[dict], m: int, n: int, k: int, sms: int, taps: i
     """Split-K variants of the first small-row tile (BLOCK_M ≤ 64) whose grid over an (m, n, taps·k) GEMM or
     implicit-GEMM conv fills under half of `sms` multiprocessors (ResNet-50's late convs and BERT's GEMMs at batch
     1, a classifier GEMV): the (tap, BLOCK_K) reduction steps cut into SPLIT_K runs of two or more, about one
-    program a multiprocessor, half that or twice, at the tile's BLOCK_K and at two and four times it (fewer, larger
-    loads a run; the caller drops those its shared memory cannot hold)."""
+    program a multiprocessor, half that or twice, at four and two times the tile's BLOCK_K and at it (fewer, larger
+    loads a run first; the caller drops those its shared memory cannot hold)."""
     def grid(c: dict) -> int:
         return triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])
 
@@ -47,7 +47,8 @@ def split_k_configs(tiles: list[dict], m: int, n: int, k: int, sms: int, taps: i
     if tile is None:
         return []
     out, fill = [], pow2(sms // grid(tile), 2, 32)
-    for block_k in sorted({tile["BLOCK_K"], min(2 * tile["BLOCK_K"], 128), min(4 * tile["BLOCK_K"], 128)}):
+    block_ks = {tile["BLOCK_K"], min(2 * tile["BLOCK_K"], 128), min(4 * tile["BLOCK_K"], 128)}
+    for block_k in sorted(block_ks, reverse=True):
         steps = taps * triton.cdiv(k, block_k)
         for split in (fill, fill // 2, 2 * fill):
             cfg = tile | {"BLOCK_K": block_k, "SPLIT_K": split}

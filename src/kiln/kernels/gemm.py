@@ -95,8 +95,8 @@ def default_config(m: int | None, n: int, k: int, itemsize: int, smem: int) -> d
 
 def configs(m: int | None, n: int, k: int, itemsize: int, smem: int, level: int, sms: int = 0) -> list[dict]:
     """The default config, then (level ≥ 2) every tile of the space that fits `smem` (with fewer stages if
-    need be) and is no larger than the problem, and split-K variants where the tiles fill under half of `sms`
-    multiprocessors (`split_k_configs`)."""
+    need be) and is no larger than the problem, and split-K variants, after the first three, where the tiles fill
+    under half of `sms` multiprocessors (`split_k_configs`)."""
     first = default_config(m, n, k, itemsize, smem)
     if level <= 1:
         return [first]
@@ -107,7 +107,8 @@ def configs(m: int | None, n: int, k: int, itemsize: int, smem: int, level: int,
                    or cfg["BLOCK_K"] > pow2(k, 16, 128))
         if not too_big and smem_bytes(cfg, itemsize) <= smem and cfg not in out:
             out.append(cfg)
-    return out + [c for c in (split_k_configs(out, m, n, k, sms) if m else []) if smem_bytes(c, itemsize) <= smem]
+    split = [c for c in (split_k_configs(out, m, n, k, sms) if m else []) if smem_bytes(c, itemsize) <= smem]
+    return out[:3] + split + out[3:]  # few rows: the split configs within the autotuner's first few
 
 
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, alpha: float = 1.0,
