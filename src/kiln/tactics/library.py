@@ -16,6 +16,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)  # 
     quant_conv_pair,
     quant_conv_chain,
     torch_attention,
+    cublaslt_algo,
     torch_conv,
     torch_fused,
     torch_gemm,
