@@ -17,9 +17,11 @@ TACTIC = registry.get("cublaslt_algo_gemm")
 CPU = Device("cpu", "cpu", "cpu")
 
 
-def _spec(m: int, k: int, n: int, dtype=torch.float16, activation="none", bias=True, rows=None, const_bias=True):
+def _spec(m: int, k: int, n: int, dtype=torch.float16, activation="none", bias=True, rows=None, const_bias=True,
+          device="cpu"):
+    """The layer's spec, its weight and bias (constants on `device`, as an engine's are)."""
     g = torch.Generator().manual_seed(0)
-    w, b = (torch.randn(n, k, generator=g) * 0.05).to(dtype), torch.randn(n, generator=g).to(dtype)
+    w, b = (torch.randn(n, k, generator=g) * 0.05).to(device, dtype), torch.randn(n, generator=g).to(device, dtype)
     dt = DType.from_torch(dtype)
     attrs = {"trans_b": True, "activation": activation, "activation_params": []}
     x = ValueSpec(dt, (2, rows if rows is not None else m // 2, k))
@@ -55,10 +57,10 @@ CASES = [(256, 128, 384, torch.float16, "none"), (128, 768, 2304, torch.float16,
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, k, n, dtype, activation", CASES)
 def test_gpu_every_algorithm_matches_the_reference(m, k, n, dtype, activation):
-    spec, w, b = _spec(m, k, n, dtype, activation)
+    spec, w, b = _spec(m, k, n, dtype, activation, device="cuda")
     dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
     x = torch.randn(2, m // 2, k, generator=torch.Generator().manual_seed(1)).to(dtype)
-    want = run_reference("FusedGemm", [x.float(), w.float(), b.float()], spec.attrs)[0].cuda()
+    want = run_reference("FusedGemm", [x.float(), w.float().cpu(), b.float().cpu()], spec.attrs)[0].cuda()
     configs = TACTIC.configs(spec, dev, 3)
     assert configs and len(TACTIC.configs(spec, dev, 1)) == 1
     rtol, atol = TOLERANCE[dtype]
@@ -73,7 +75,8 @@ def test_gpu_every_algorithm_matches_the_reference(m, k, n, dtype, activation):
 
 @pytest.mark.gpu
 def test_gpu_other_rows_and_a_captured_graph():
-    spec, w, b = _spec(128, 256, 192, activation="Gelu")
+    spec, w, b = _spec(128, 256, 192, activation="Gelu", device="cuda")
+    w, b = w.cpu(), b.cpu()
     dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
     run = TACTIC.compile(spec, TACTIC.configs(spec, dev, 3)[-1], dev)
     rtol, atol = TOLERANCE[torch.float16]
@@ -97,7 +100,7 @@ def test_gpu_other_rows_and_a_captured_graph():
 
 @pytest.mark.gpu
 def test_gpu_a_foreign_algorithm_is_refused():
-    spec = _spec(64, 32, 48)[0]
+    spec = _spec(64, 32, 48, device="cuda")[0]
     dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
     with pytest.raises(RuntimeError, match="cuBLASLt"):
         TACTIC.compile(spec, {"algo": ["ffffffffffffffff"] * 8, "workspace": 0}, dev)
