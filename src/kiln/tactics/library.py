@@ -27,6 +27,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)  # 
     triton_conv,
     triton_conv_s2d,
     triton_cuda_core_conv,
+    triton_gather,
     triton_norm,
     triton_pointwise,
     triton_pool,
