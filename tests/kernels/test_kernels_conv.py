@@ -159,6 +159,8 @@ def test_split_configs_only_for_grids_that_underfill():
     assert not any("SPLIT_K" in c for c in conv.configs(49 * 64, 512, 512, 2, 228 * 1024, 3, sms=132))
     assert not any("SPLIT_K" in c for c in conv.configs(49, 512, 512, 2, 228 * 1024, 1, sms=132))
     assert not any("SPLIT_K" in c for c in conv.configs(None, 512, 512, 2, 228 * 1024, 3, sms=132))  # rows unknown
+    # a reduction under MIN_SPLIT_REDUCTION (layer4's 512 → 2048 1x1 conv, K = 512) is not split
+    assert not any("SPLIT_K" in c for c in conv.configs(49, 2048, 512, 2, 228 * 1024, 3, sms=132, taps=1))
 
 
 def test_step_slice():
@@ -169,7 +171,7 @@ def test_step_slice():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, co, k", [((1, 512, 7, 7), 512, 3), ((1, 256, 14, 14), 256, 3),
-                                           ((1, 2048, 7, 7), 512, 1), ((1, 512, 7, 7), 2048, 1)])
+                                           ((1, 2048, 7, 7), 512, 1), ((1, 1024, 14, 14), 256, 1)])
 def test_gpu_split_k_resnet_batch1_every_config(shape, co, k):
     """ResNet-50's late convs at batch 1 in fp16 with a residual: every config at level 3 (split-K among them),
     three calls each, on the GPU's real atomics."""

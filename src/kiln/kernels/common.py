@@ -34,17 +34,21 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
 
 
+MIN_SPLIT_REDUCTION = 1024  # a shorter reduction is not split: its steps are few, its configs only cost compiles
+
+
 def split_k_configs(tiles: list[dict], m: int, n: int, k: int, sms: int, taps: int = 1) -> list[dict]:
     """Split-K variants of the first small-row tile (BLOCK_M ≤ 64) whose grid over an (m, n, taps·k) GEMM or
     implicit-GEMM conv fills under half of `sms` multiprocessors (ResNet-50's late convs and BERT's GEMMs at batch
     1, a classifier GEMV): the (tap, BLOCK_K) reduction steps cut into SPLIT_K runs of two or more, about one
     program a multiprocessor, half that or twice, at four and two times the tile's BLOCK_K and at it (fewer, larger
-    loads a run first; the caller drops those its shared memory cannot hold)."""
+    loads a run first; the caller drops those its shared memory cannot hold). None for a reduction under
+    MIN_SPLIT_REDUCTION (MobileNetV2's 1x1 convs, BERT-base's K = 768 GEMMs)."""
     def grid(c: dict) -> int:
         return triton.cdiv(m, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"])
 
     tile = next((c for c in tiles if c["BLOCK_M"] <= 64 and 2 * grid(c) <= sms), None)
-    if tile is None:
+    if tile is None or taps * k < MIN_SPLIT_REDUCTION:
         return []
     out, fill = [], pow2(sms // grid(tile), 2, 32)
     block_ks = {tile["BLOCK_K"], min(2 * tile["BLOCK_K"], 128), min(4 * tile["BLOCK_K"], 128)}
