@@ -12,8 +12,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from benchmarks.probes.harness import banner, parser, write_json
-from kiln.util.timing import measure
+from benchmarks.probes.harness import banner, graph_ms, parser, write_json
 
 # name, M, K, N, GELU
 SHAPES = [("bert b64 qkv", 8192, 768, 2304, False), ("bert b64 out", 8192, 768, 768, False),
@@ -97,14 +96,8 @@ class Gemm:
         return self.d
 
 
-def graph_us(fn, repeat: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(repeat):
-            fn()
-    return measure(g.replay, device="cuda", warmup=3, iterations=20).median * 1e3 / repeat
+def graph_us(fn) -> float:
+    return graph_ms(fn) * 1e3
 
 
 def main() -> None:
