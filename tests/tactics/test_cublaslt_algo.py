@@ -2,6 +2,8 @@
 it takes and how an algorithm travels in a plan; on a GPU: every algorithm the heuristic offers against the
 reference (bias, ReLU, GELU; fp16 and bf16), into the planned buffer, at other rows, and in a CUDA graph."""
 
+import gc
+
 import pytest
 import torch
 
@@ -104,3 +106,5 @@ def test_gpu_a_foreign_algorithm_is_refused():
     dev = Device("cuda", torch.cuda.get_device_name(), "cuda")
     with pytest.raises(RuntimeError, match="cuBLASLt"):
         TACTIC.compile(spec, {"algo": ["ffffffffffffffff"] * 8, "workspace": 0}, dev)
+    gc.collect()  # the refused GEMM's descriptors are freed by its finalizer, which must not fail
+    assert TACTIC.configs(spec, dev, 1)  # cuBLASLt still answers afterwards

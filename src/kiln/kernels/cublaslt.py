@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +116,7 @@ class LtGemm:
             self._set(BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
         self.w_layout = self._layout(n, k, n)
         self._layouts: dict[tuple[int, int], tuple] = {}
+        weakref.finalize(self, _destroy, self.lib, self.desc, [self.w_layout], self._layouts)
 
     def _set(self, attr: int, value) -> None:
         _ok(self.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value),
@@ -173,6 +175,13 @@ class LtGemm:
                                     ctypes.c_void_p(ws), ctypes.c_size_t(workspace.numel() if ws else 0),
                                     ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream)), "matmul")
         return out
+
+
+def _destroy(lib: ctypes.CDLL, desc: ctypes.c_void_p, layouts: list, by_stride: dict) -> None:
+    """Free a GEMM's cuBLASLt descriptors (its finalizer)."""
+    for lay in layouts + [lay for pair in by_stride.values() for lay in pair]:
+        lib.cublasLtMatrixLayoutDestroy(lay)
+    lib.cublasLtMatmulDescDestroy(desc)
 
 
 class Workspaces:
