@@ -46,24 +46,25 @@ def _supports(spec: LayerSpec, device) -> str | None:
     return float_io(spec)
 
 
-def _gemm(spec: LayerSpec, device) -> cublaslt.LtGemm:
-    w, bias = _weight(spec), _bias(spec)
-    dev = torch.device(device.torch_device)
+def _gemm(spec: LayerSpec, device, w: torch.Tensor) -> cublaslt.LtGemm:
+    """The layer's cuBLASLt GEMM for weight `w` ([K, N])."""
+    bias, dev = _bias(spec), torch.device(device.torch_device)
     return cublaslt.LtGemm(rows(spec.inputs[0]), w.shape[0], w.shape[1], spec.inputs[0].dtype.torch,
                            ACTIVATIONS[spec.attrs.get("activation", "none")],
                            None if bias is None else bias.to(dev, w.dtype), dev.index or 0)
 
 
 def _configs(spec: LayerSpec, device, level: int):
-    algos = _gemm(spec, device).heuristics()
+    algos = _gemm(spec, device, _weight(spec)).heuristics()
     return [a.to_config() for a in (algos[:1] if level <= 1 else algos)]
 
 
 def _compile(spec: LayerSpec, config, device):
-    gemm = _gemm(spec, device)
+    w = _weight(spec)
+    gemm = _gemm(spec, device, w)
     algo = cublaslt.Algo.from_config(config)
     gemm.check(algo)
-    w, struct = _weight(spec), algo.struct()
+    struct = algo.struct()
     workspaces = cublaslt.Workspaces(algo.workspace)
     act = ACTIVATIONS[spec.attrs.get("activation", "none")]
 
