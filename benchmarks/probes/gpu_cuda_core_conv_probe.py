@@ -38,15 +38,22 @@ def row(name, c, co, side, k, stride, batch) -> dict:
     side_out = (side + 2 * p - k) // stride + 1
     ys = batch * co * side_out ** 2
     for fmt, mem in (("nhwc", torch.channels_last), ("nchw", torch.contiguous_format)):
-        xm, times = x.contiguous(memory_format=mem), {}
-        for cfg in mod.configs(ys // co, co, 4, **({"ow": side_out} if depthwise else {})):
+        xm, times, tiles = x.contiguous(memory_format=mem), {}, {}
+        rows = depthwise_conv.sweeps_rows((k, k), (stride, stride), (1, 1))
+        sweep = {"ow": side_out, "oh": side_out, "rows": rows, "tma": rows and stride == 1}
+        for cfg in mod.configs(ys // co, co, 4, **(sweep if depthwise else {})):
             fn = lambda cfg=cfg: launch(xm, packed, (k, k), (stride, stride), [p] * 4, (1, 1), b,  # noqa: E731
                                         activation="clip", act_alpha=0.0, act_beta=6.0, config=cfg)
+            tiles[str(tuple(cfg.values()))] = cfg
             times[str(tuple(cfg.values()))] = graph_ms(fn) * 1e3
         top = min(times, key=times.get)
         out[f"triton_{fmt}_us"], out[f"triton_{fmt}_config"], out[f"triton_{fmt}_all"] = times[top], top, times
-        if depthwise:  # the best flat run of pixels (TILE_W 0, the configs' last value), for the 2-D patches' gain
-            out[f"triton_{fmt}_flat_us"] = min(t for c, t in times.items() if c.endswith(" 0)"))
+        if depthwise:  # the best flat run of pixels, 2-D patch, row sweep and TMA row sweep
+            kinds = {"flat": lambda c: not c["TILE_W"] and not c["BLOCK_R"], "patch": lambda c: c["TILE_W"],
+                     "rows": lambda c: c["BLOCK_R"] and not c["TMA_STAGES"], "tma": lambda c: c["TMA_STAGES"]}
+            for kind, pick in kinds.items():
+                mine = [t for key, t in times.items() if pick(tiles[key])]
+                out[f"triton_{fmt}_{kind}_us"] = min(mine) if mine else None
     out["floor_us"] = (x.numel() + ys) * 2 / BANDWIDTH * 1e6
     print(name, {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items() if not k.endswith("_all")},
           flush=True)

@@ -19,7 +19,7 @@ from kiln.target.device import Device  # noqa: E402
 from test_kernels_conv import _check, _spec  # noqa: E402  (the Conv tests' spec and tolerance check)
 
 CPU = Device("cpu", "cpu", "cpu")
-SMALL = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_C": 8, "num_warps": 2}
+SMALL = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_C": 8, "num_warps": 2, "TILE_W": 0, "BLOCK_R": 0, "TMA_STAGES": 0}
 TACTIC = registry.get("triton_depthwise_conv")
 DIRECT = registry.get("triton_direct_conv")
 SMALL_DIRECT = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_N": 16, "num_warps": 2}
@@ -88,14 +88,45 @@ def test_depthwise_configs_fit_the_output_width():
     assert many[0]["TILE_W"] == 0 and all(c["TILE_W"] <= 8 for c in many)
     assert any(c["TILE_W"] for c in many) and len({tuple(c.values()) for c in many}) == len(many)
     spec, _ = _spec("Conv", _attrs(1, 7, 2, (3, 3, 3, 3)), [torch.randn(1, 3, 9, 9), torch.randn(4, 3, 7, 7)])
-    assert "taps" in DIRECT.supports(spec, CPU)
+    assert "taps" in DIRECT.supports(spec, CPU)  # ResNet-50's stem
 
 
-def test_depthwise_configs_fit_the_output_width():
-    """Patches no wider than the output (7 columns: 4 or 8), flat runs offered first, every config unique."""
-    many = depthwise_conv.configs(64 * 7 * 7, 960, 5, ow=7)
-    assert many[0]["TILE_W"] == 0 and all(c["TILE_W"] <= 8 for c in many)
-    assert any(c["TILE_W"] for c in many) and len({tuple(c.values()) for c in many}) == len(many)  # ResNet-50's stem
+def test_depthwise_row_sweeps_offered_where_they_apply():
+    """3x3 convs of stride 1 or 2 get row sweeps, TMA ones lead at stride 1 where 16-byte channel rows allow;
+    a 5x5 or dilated conv gets none."""
+    def tiles(c, k=3, stride=1, dilation=1, dtype=torch.float16):
+        x = torch.randn(1, c, 14, 14).to(dtype)
+        spec, _ = _spec("Conv", _attrs(c, k, stride, (1, 1, 1, 1), dilation), [x, torch.randn(c, 1, k, k).to(dtype)])
+        return TACTIC.configs(spec, CPU, 4)
+
+    first = tiles(64)[0]
+    assert first["TMA_STAGES"] and first["BLOCK_R"] and first["BLOCK_P"] <= 16  # 14 columns
+    assert any(c["BLOCK_R"] and not c["TMA_STAGES"] for c in tiles(64))
+    assert not any(c["TMA_STAGES"] for c in tiles(64, stride=2)) and tiles(64, stride=2)[0]["BLOCK_R"]
+    assert not any(c["TMA_STAGES"] for c in tiles(12))  # 24-byte channel rows
+    assert not any(c["BLOCK_R"] for c in tiles(64, k=5) + tiles(64, dilation=2))
+    with pytest.raises(ValueError, match="row-sweep"):
+        depthwise_conv.depthwise_conv2d(torch.randn(1, 8, 6, 6), depthwise_conv.pack_weight(torch.randn(8, 1, 5, 5)),
+                                        (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), config=dict(first, BLOCK_C=8))
+
+
+@pytest.mark.parametrize("stride, pads", [(1, (1, 1, 1, 1)), (2, (1, 1, 1, 1)), (1, (0, 1, 2, 0)), (2, (0, 1, 2, 0))])
+@pytest.mark.parametrize("tma", [0, 2])
+@pytest.mark.parametrize("c, channels_last", [(16, True), (12, True), (16, False)])
+def test_row_sweeps_match_reference(stride, pads, tma, c, channels_last):
+    """Row sweeps down bands of 4 rows (the last cut) over tiles of 4 columns: stride 1 and 2, asymmetric pads, a
+    residual; TMA loads where the input allows (16 channels, channels_last, stride 1), pointer loads elsewhere."""
+    g = torch.Generator().manual_seed(stride * 10 + c)
+    x = torch.randn(2, c, 9, 11, generator=g).half()
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    oh, ow = (9 + pads[0] + pads[2] - 3) // stride + 1, (11 + pads[1] + pads[3] - 3) // stride + 1
+    inputs = [x, torch.randn(c, 1, 3, 3, generator=g).half(), torch.randn(c, generator=g).half(),
+              torch.randn(2, c, oh, ow, generator=g).half()]
+    spec, want = _spec("FusedConv", _attrs(c, 3, stride, pads, residual=True, activation="Relu",
+                                           activation_params=[]), inputs)
+    config = dict(SMALL, BLOCK_P=4, TILE_W=0, BLOCK_R=4, TMA_STAGES=tma)
+    _check(TACTIC.compile(spec, config, CPU)(inputs)[0], want)
 
 
 @pytest.mark.parametrize("c, k, stride, pads", [(3, 3, 2, (1, 1, 1, 1)), (1, 3, 1, (0, 1, 2, 0)),

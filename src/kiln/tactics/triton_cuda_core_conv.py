@@ -5,7 +5,9 @@ constant weights; they read any input layout and write NHWC, so their configs ar
 from __future__ import annotations
 
 from kiln.kernels import conv, depthwise_conv, direct_conv
+from kiln.kernels.common import TMA_ALIGN
 from kiln.tactics.common import first
+from kiln.tactics.int8_common import tma_device_reason
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import conv_reason, conv_rows, epilogue, mark_nhwc
@@ -29,9 +31,13 @@ def _direct_reason(spec: LayerSpec, device) -> str | None:
 
 
 def _depthwise_configs(spec: LayerSpec, device, level: int):
-    out = spec.outputs[0].shape
-    ow = out[3] if out and isinstance(out[3], int) else None
-    return mark_nhwc(depthwise_conv.configs(conv_rows(out), spec.inputs[1].const.shape[0], level, ow))
+    out, a = spec.outputs[0].shape, spec.attrs
+    oh, ow = (d if isinstance(d, int) else None for d in (out[2:4] if out else (None, None)))
+    c = spec.inputs[1].const.shape[0]
+    rows = depthwise_conv.sweeps_rows(a["kernel_shape"], a["strides"], a["dilations"])
+    tma = (rows and tuple(a["strides"]) == (1, 1) and tma_device_reason(device) is None
+           and c * spec.inputs[0].dtype.torch.itemsize % TMA_ALIGN == 0)
+    return mark_nhwc(depthwise_conv.configs(conv_rows(out), c, level, ow, oh, rows, tma))
 
 
 def _direct_configs(spec: LayerSpec, device, level: int):
