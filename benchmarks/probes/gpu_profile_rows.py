@@ -29,7 +29,8 @@ def profile_row(name: str, batch: int, cache: Path) -> dict:
     return {"model": name, "batch": batch, "graph_ms": graph_ms(engine.create_context(), feeds),
             "eager_sum_ms": prof.total_ms, "layers": len(prof.layers), "by_kind": prof.by_kind(),
             "slowest": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean}
-                        for t in prof.ranked()[:5]]}
+                        for t in prof.ranked()[:5]],
+            "every_layer": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean} for t in prof.layers]}
 
 
 def main() -> None:
