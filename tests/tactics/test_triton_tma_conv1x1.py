@@ -69,7 +69,7 @@ def test_supports_reasons():
     assert "multiples of 8" in TACTIC.supports(_spec("Conv", _attrs(), [x[:, :12], w[:, :12]])[0], CPU)
 
 
-def test_short_k_configs():
+def test_short_k_configs(monkeypatch):
     """BLOCK_K covers the reduction (up to 64), BLOCK_N the output width (up to 256); every tile fits shared memory
     and keeps at most 128 fp32 accumulators a thread; level 0 offers one."""
     many = gemm_tma.short_k_configs(96, 16, 227 * 1024)
@@ -82,6 +82,11 @@ def test_short_k_configs():
     assert len(gemm_tma.short_k_configs(1280, 320, 99 * 1024)) < len(wide)
     spec, _ = _spec("Conv", _attrs(), [torch.randn(1, 16, 4, 4).half(), torch.randn(96, 16, 1, 1).half()])
     assert len(TACTIC.configs(spec, CPU, 0)) == 1 and all(c["layout"] == "nhwc" for c in TACTIC.configs(spec, CPU, 4))
+    monkeypatch.setattr("kiln.tactics.triton_tma_conv1x1.smem_limit", lambda device: 227 * 1024)  # an H100's
+    assert len(TACTIC.configs(spec, CPU, 3)) == 2  # 16 output pixels: few rows, two tiles
+    big = torch.empty(64, 16, 56, 56).half()
+    spec, _ = _spec("Conv", _attrs(), [big, torch.randn(96, 16, 1, 1).half()])
+    assert len(TACTIC.configs(spec, CPU, 3)) == len(many) > 2
 
 
 @pytest.mark.gpu
