@@ -22,7 +22,7 @@ CPU = Device("cpu", "cpu", "cpu")
 SMALL = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_C": 8, "num_warps": 2, "TILE_W": 0, "BLOCK_R": 0, "TMA_STAGES": 0}
 TACTIC = registry.get("triton_depthwise_conv")
 DIRECT = registry.get("triton_direct_conv")
-SMALL_DIRECT = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_N": 16, "num_warps": 2}
+SMALL_DIRECT = {"layout": "nhwc", "BLOCK_P": 16, "BLOCK_N": 16, "num_warps": 2, "DOT": 0}
 
 
 def _attrs(c, k=3, stride=1, pads=(1, 1, 1, 1), dilation=1, **extra):
@@ -143,6 +143,32 @@ def test_direct_matches_reference(c, k, stride, pads, channels_last):
     spec, want = _spec("Conv", {**_attrs(1, k, stride, pads)}, inputs)
     assert DIRECT.supports(spec, CPU) is None
     _check(DIRECT.compile(spec, SMALL_DIRECT, CPU)(inputs)[0], want)
+
+
+@pytest.mark.parametrize("c, k, stride, pads", [(3, 3, 2, (1, 1, 1, 1)), (1, 3, 1, (0, 1, 2, 0)),
+                                                (4, 3, 2, (0, 0, 1, 1)), (1, 5, 2, (2, 2, 2, 2))])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_direct_dot_matches_reference(c, k, stride, pads, channels_last):
+    """The tensor-core gather (DOT): every tap of a tile's pixels in one [pixels, C·KH·KW] tile, K padded to 16 or 32
+    once, fp16; 20 output channels cut the 16-channel tiles."""
+    g = torch.Generator().manual_seed(c * 10 + k)
+    x = torch.randn(2, c, 11, 9, generator=g).half()
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    inputs = [x, (torch.randn(20, c, k, k, generator=g) * 0.5).half(), torch.randn(20, generator=g).half()]
+    spec, want = _spec("Conv", {**_attrs(1, k, stride, pads)}, inputs)
+    _check(DIRECT.compile(spec, dict(SMALL_DIRECT, DOT=1), CPU)(inputs)[0], want)
+
+
+def test_direct_dot_configs_only_for_two_byte_inputs():
+    """fp16 layers get DOT tiles first, fp32 ones none; a DOT tile refuses fp32 inputs."""
+    x, w = torch.randn(1, 3, 16, 16), torch.randn(32, 3, 3, 3)
+    spec16, _ = _spec("Conv", _attrs(1, 3, 2), [x.half(), w.half()])
+    spec32, _ = _spec("Conv", _attrs(1, 3, 2), [x, w])
+    assert DIRECT.configs(spec16, CPU, 3)[0]["DOT"] and not any(c["DOT"] for c in DIRECT.configs(spec32, CPU, 4))
+    with pytest.raises(ValueError, match="fp16"):
+        direct_conv.direct_conv2d(x, conv.pack_weight(w), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1),
+                                  config=dict(SMALL_DIRECT, DOT=1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

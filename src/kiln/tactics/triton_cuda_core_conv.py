@@ -41,7 +41,8 @@ def _depthwise_configs(spec: LayerSpec, device, level: int):
 
 
 def _direct_configs(spec: LayerSpec, device, level: int):
-    return mark_nhwc(direct_conv.configs(conv_rows(spec.outputs[0].shape), spec.inputs[1].const.shape[0], level))
+    dot = spec.inputs[0].dtype.torch.itemsize == 2
+    return mark_nhwc(direct_conv.configs(conv_rows(spec.outputs[0].shape), spec.inputs[1].const.shape[0], level, dot))
 
 
 def _compiler(launch, pack, keys):
