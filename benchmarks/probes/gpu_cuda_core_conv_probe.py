@@ -40,7 +40,7 @@ def row(name, c, co, side, k, stride, batch) -> dict:
     for fmt, mem in (("nhwc", torch.channels_last), ("nchw", torch.contiguous_format)):
         xm, times, tiles = x.contiguous(memory_format=mem), {}, {}
         rows = depthwise_conv.sweeps_rows((k, k), (stride, stride), (1, 1))
-        sweep = {"ow": side_out, "oh": side_out, "rows": rows, "tma": rows and stride == 1}
+        sweep = {"ow": side_out, "oh": side_out, "rows": rows, "tma": rows, "stride": stride}
         for cfg in mod.configs(ys // co, co, 4, **(sweep if depthwise else {})):
             fn = lambda cfg=cfg: launch(xm, packed, (k, k), (stride, stride), [p] * 4, (1, 1), b,  # noqa: E731
                                         activation="clip", act_alpha=0.0, act_beta=6.0, config=cfg)

@@ -32,7 +32,7 @@ def row(name: str, c: int, side: int, stride: int, batch: int) -> dict:
     want = F.conv2d(x, w, b, stride, 1, 1, c).clamp_(0, 6)
     packed, side_out = dw.pack_weight(w), want.shape[-1]
     out = {"shape": name, "floor_us": (x.numel() + want.numel()) * 2 / BANDWIDTH * 1e6, "us": {}}
-    for cfg in dw.configs(want.numel() // c, c, 4, side_out, side_out, True, stride == 1):
+    for cfg in dw.configs(want.numel() // c, c, 4, side_out, side_out, True, True, stride):
         fn = lambda cfg=cfg: dw.depthwise_conv2d(x, packed, (3, 3), (stride, stride), [1] * 4, (1, 1), b,  # noqa: E731
                                                  activation="clip", act_alpha=0.0, act_beta=6.0, config=cfg)
         key = f"{_kind(cfg)} {tuple(cfg.values())}"

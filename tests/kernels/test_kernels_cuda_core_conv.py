@@ -92,8 +92,8 @@ def test_depthwise_configs_fit_the_output_width():
 
 
 def test_depthwise_row_sweeps_offered_where_they_apply():
-    """3x3 convs of stride 1 or 2 get row sweeps, TMA ones lead at stride 1 where 16-byte channel rows allow;
-    a 5x5 or dilated conv gets none."""
+    """3x3 convs of stride 1 or 2 get row sweeps, TMA ones where 16-byte channel rows allow (leading at stride 1,
+    last at stride 2); a 5x5 or dilated conv gets none."""
     def tiles(c, k=3, stride=1, dilation=1, dtype=torch.float16):
         x = torch.randn(1, c, 14, 14).to(dtype)
         spec, _ = _spec("Conv", _attrs(c, k, stride, (1, 1, 1, 1), dilation), [x, torch.randn(c, 1, k, k).to(dtype)])
@@ -102,7 +102,8 @@ def test_depthwise_row_sweeps_offered_where_they_apply():
     first = tiles(64)[0]
     assert first["TMA_STAGES"] and first["BLOCK_R"] and first["BLOCK_P"] <= 16  # 14 columns
     assert any(c["BLOCK_R"] and not c["TMA_STAGES"] for c in tiles(64))
-    assert not any(c["TMA_STAGES"] for c in tiles(64, stride=2)) and tiles(64, stride=2)[0]["BLOCK_R"]
+    at2 = tiles(64, stride=2)
+    assert at2[0]["BLOCK_R"] and not at2[0]["TMA_STAGES"] and at2[-1]["TMA_STAGES"]  # TMA last at stride 2
     assert not any(c["TMA_STAGES"] for c in tiles(12))  # 24-byte channel rows
     assert not any(c["BLOCK_R"] for c in tiles(64, k=5) + tiles(64, dilation=2))
     with pytest.raises(ValueError, match="row-sweep"):
@@ -115,7 +116,8 @@ def test_depthwise_row_sweeps_offered_where_they_apply():
 @pytest.mark.parametrize("c, channels_last", [(16, True), (12, True), (16, False)])
 def test_row_sweeps_match_reference(stride, pads, tma, c, channels_last):
     """Row sweeps down bands of 4 rows (the last cut) over tiles of 4 columns: stride 1 and 2, asymmetric pads, a
-    residual; TMA loads where the input allows (16 channels, channels_last, stride 1), pointer loads elsewhere."""
+    residual; TMA loads where the input allows (16 channels, channels_last; at stride 2 boxes of 8 columns split into
+    even and odd), pointer loads elsewhere."""
     g = torch.Generator().manual_seed(stride * 10 + c)
     x = torch.randn(2, c, 9, 11, generator=g).half()
     if channels_last:

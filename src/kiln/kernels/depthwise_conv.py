@@ -100,12 +100,35 @@ def _row_taps(x, n, ih, H, iw, W, p_ok, cols, c_ok, s_xn, s_xh, s_xw, EVEN_C: tl
 
 
 @triton.jit
-def _box_taps(xd, n, ih, iw, c0, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Input row ih at the three column taps iw, iw + 1, iw + 2 as TMA boxes of an [N, H, W, C] descriptor (zero
-    outside the tensor)."""
-    a = xd.load([n, ih, iw, c0]).reshape(BLOCK_P, BLOCK_C).to(tl.float32)
-    b = xd.load([n, ih, iw + 1, c0]).reshape(BLOCK_P, BLOCK_C).to(tl.float32)
-    return a, b, xd.load([n, ih, iw + 2, c0]).reshape(BLOCK_P, BLOCK_C).to(tl.float32)
+def _box(xd, n, ih, iw, c0, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """BLOCK_P columns × BLOCK_C channels of input row ih from column iw: a TMA box of an [N, H, W, C] descriptor
+    (zero outside the tensor)."""
+    return xd.load([n, ih, iw, c0]).reshape(BLOCK_P, BLOCK_C)
+
+
+@triton.jit
+def _evens_odds(v, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A [2·BLOCK_P, BLOCK_C] tile's even and odd rows."""
+    return tl.split(v.reshape(BLOCK_P, 2, BLOCK_C).permute(0, 2, 1))
+
+
+@triton.jit
+def _taps(x, n, ih, H, iw, w0, W, p_ok, cols, c_ok, c0, s_xn, s_xh, s_xw, STRIDE: tl.constexpr,
+          EVEN_C: tl.constexpr, TMA: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Input row ih at the three column taps of the output columns (iw = ow·STRIDE − pad, w0 = the tile's first iw),
+    fp32: pointer loads, or (TMA) boxes; at stride 2 two boxes of 2·BLOCK_P columns, split into even and odd."""
+    if TMA:
+        if STRIDE == 1:
+            a = _box(x, n, ih, w0, c0, BLOCK_P, BLOCK_C)
+            b = _box(x, n, ih, w0 + 1, c0, BLOCK_P, BLOCK_C)
+            c = _box(x, n, ih, w0 + 2, c0, BLOCK_P, BLOCK_C)
+        else:
+            a, b = _evens_odds(_box(x, n, ih, w0, c0, 2 * BLOCK_P, BLOCK_C), BLOCK_P, BLOCK_C)
+            c, _ = _evens_odds(_box(x, n, ih, w0 + 2, c0, 2 * BLOCK_P, BLOCK_C), BLOCK_P, BLOCK_C)
+        a, b, c = a.to(tl.float32), b.to(tl.float32), c.to(tl.float32)
+    else:
+        a, b, c = _row_taps(x, n, ih, H, iw, W, p_ok, cols, c_ok, s_xn, s_xh, s_xw, EVEN_C)
+    return a, b, c
 
 
 @triton.jit
@@ -116,8 +139,8 @@ def _rows_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, ph, pw, act_alpha, act_
                  TMA_STAGES: tl.constexpr):
     """A 3x3 depthwise conv of stride 1 or 2 (dilation 1) over a band of BLOCK_R output rows × BLOCK_P columns ×
     BLOCK_C channels; the channel blocks of a tile are neighbouring programs, so they share the input's lines.
-    TMA_STAGES > 0 (stride 1): x is an [N, H, W, C] descriptor, its rows loaded TMA_STAGES deep ahead of the math,
-    which keeps enough bytes in flight (pointer loads reached a third of the HBM's rate)."""
+    TMA_STAGES > 0: x is an [N, H, W, C] descriptor, its rows loaded TMA_STAGES deep ahead of the math, which keeps
+    enough bytes in flight (pointer loads reached a third of the HBM's rate)."""
     c_blocks, w_tiles, bands = tl.cdiv(C, BLOCK_C), tl.cdiv(OW, BLOCK_P), tl.cdiv(OH, BLOCK_R)
     pid = tl.program_id(0)
     cb, tile = pid % c_blocks, pid // c_blocks
@@ -131,27 +154,28 @@ def _rows_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, ph, pw, act_alpha, act_
     f00, f01, f02 = _filter_row(w, 0, C, rc, c_ok)
     f10, f11, f12 = _filter_row(w, 1, C, rc, c_ok)
     f20, f21, f22 = _filter_row(w, 2, C, rc, c_ok)
-    rows = tl.minimum(BLOCK_R, OH - o0)
+    rows, c0, first = tl.minimum(BLOCK_R, OH - o0), cb * BLOCK_C, w0 * STRIDE - pw
     if STRIDE == 1:  # input row o0 - ph + t is tap row 2 of output o0 + t - 2, row 1 of the next, row 0 of the last
         done, acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32), tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
         for t in tl.range(0, rows + 2, num_stages=max(TMA_STAGES, 1)):
-            if TMA_STAGES:
-                a, b, c = _box_taps(x, n, o0 - ph + t, w0 - pw, cb * BLOCK_C, BLOCK_P, BLOCK_C)
-            else:
-                a, b, c = _row_taps(x, n, o0 - ph + t, H, iw, W, p_ok, cols, c_ok, s_xn, s_xh, s_xw, EVEN_C)
+            a, b, c = _taps(x, n, o0 - ph + t, H, iw, first, W, p_ok, cols, c_ok, c0, s_xn, s_xh, s_xw, STRIDE,
+                            EVEN_C, TMA_STAGES, BLOCK_P, BLOCK_C)
             if t >= 2:
                 _store_row(done + a * f20 + b * f21 + c * f22, bias, res, y, n, o0 + t - 2, ow, p_ok, rc, c_ok,
                            act_alpha, act_beta, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                            HAS_BIAS, HAS_RES, ACT, EVEN_C)
             done, acc = acc + a * f10 + b * f11 + c * f12, a * f00 + b * f01 + c * f02
     else:  # input row 2·o - ph + 2 is tap row 2 of output o and tap row 0 of output o + 1
-        a, b, c = _row_taps(x, n, 2 * o0 - ph, H, iw, W, p_ok, cols, c_ok, s_xn, s_xh, s_xw, EVEN_C)
+        a, b, c = _taps(x, n, 2 * o0 - ph, H, iw, first, W, p_ok, cols, c_ok, c0, s_xn, s_xh, s_xw, STRIDE, EVEN_C,
+                        TMA_STAGES, BLOCK_P, BLOCK_C)
         carry = a * f00 + b * f01 + c * f02
-        for j in range(0, rows):
+        for j in tl.range(0, rows, num_stages=max(TMA_STAGES, 1)):
             ih = 2 * (o0 + j) - ph
-            a, b, c = _row_taps(x, n, ih + 1, H, iw, W, p_ok, cols, c_ok, s_xn, s_xh, s_xw, EVEN_C)
+            a, b, c = _taps(x, n, ih + 1, H, iw, first, W, p_ok, cols, c_ok, c0, s_xn, s_xh, s_xw, STRIDE, EVEN_C,
+                            TMA_STAGES, BLOCK_P, BLOCK_C)
             acc = carry + a * f10 + b * f11 + c * f12
-            a, b, c = _row_taps(x, n, ih + 2, H, iw, W, p_ok, cols, c_ok, s_xn, s_xh, s_xw, EVEN_C)
+            a, b, c = _taps(x, n, ih + 2, H, iw, first, W, p_ok, cols, c_ok, c0, s_xn, s_xh, s_xw, STRIDE, EVEN_C,
+                            TMA_STAGES, BLOCK_P, BLOCK_C)
             _store_row(acc + a * f20 + b * f21 + c * f22, bias, res, y, n, o0 + j, ow, p_ok, rc, c_ok,
                        act_alpha, act_beta, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                        HAS_BIAS, HAS_RES, ACT, EVEN_C)
@@ -179,10 +203,11 @@ def sweeps_rows(kernel, strides, dilations) -> bool:
 
 
 def configs(pixels: int | None, c: int, level: int, ow: int | None = None, oh: int | None = None,
-            rows: bool = False, tma: bool = False) -> list[dict]:
+            rows: bool = False, tma: bool = False, stride: int = 1, itemsize: int = 2) -> list[dict]:
     """Tiles no larger than the problem (output pixels, channels, output width and height), best-first; fewer at
-    low levels. `rows`: the conv can sweep rows (`sweeps_rows`), so row-sweep tiles are offered too; `tma`: and it
-    has stride 1, channels in 16-byte rows and a device with TMA, so TMA sweeps lead."""
+    low levels. `rows`: the conv can sweep rows (`sweeps_rows`), so row-sweep tiles are offered too; `tma`: and its
+    channels fill 16-byte rows on a device with TMA, so TMA sweeps are offered, leading at stride 1 (measured) and
+    after the rest at stride 2 (not yet timed on a GPU)."""
     cap_c = pow2(c, 8, 256)
     flat = tile_configs(_SPACE, CONFIG_KEYS, {"BLOCK_C": cap_c, "BLOCK_P": pow2(pixels or 128, 8, 256),
                                               "TILE_W": pow2(ow or 16, 4, 16)},
@@ -190,10 +215,21 @@ def configs(pixels: int | None, c: int, level: int, ow: int | None = None, oh: i
     if rows:
         limits = {"BLOCK_C": cap_c, "BLOCK_P": pow2(ow or 64, 8, 128), "BLOCK_R": pow2(oh or 16, 4, 16)}
         sweeps = [tile_configs(space, CONFIG_KEYS, limits, {}, PER_LEVEL, 4) for space in
-                  ((_TMA, _ROWS) if tma else (_ROWS,))]
-        lead, *rest = [[cfg for cfg in sweep if cfg] for sweep in sweeps]  # none fits under 16 channels
+                  ((_TMA, _ROWS) if tma and stride == 1 else (_ROWS, _TMA) if tma else (_ROWS,))]
+        lead, *rest = [[cfg for cfg in sweep if cfg and _tma_smem(cfg, stride, itemsize) <= TMA_SMEM]
+                       for sweep in sweeps]  # none fits under 16 channels
         flat = [cfg for pair in zip(lead, flat) for cfg in pair] + lead[len(flat):] + flat[len(lead):] + sum(rest, [])
     return flat[:PER_LEVEL.get(level, len(flat))]
+
+
+TMA_SMEM = 192 * 1024  # shared memory a TMA sweep may take: an H100's 227 KB less Triton's own
+
+
+def _tma_smem(cfg: dict, stride: int, itemsize: int) -> int:
+    """Shared memory of a TMA sweep's pipeline: TMA_STAGES - 1 loop turns of boxes (three a row at stride 1, two rows
+    of two boxes twice as wide at stride 2), 0 for pointer loads."""
+    boxes = 3 * cfg["BLOCK_P"] if stride == 1 else 8 * cfg["BLOCK_P"]
+    return max(cfg["TMA_STAGES"] - 1, 0) * boxes * cfg["BLOCK_C"] * itemsize
 
 
 def tma_addressable(x: torch.Tensor) -> bool:
@@ -225,9 +261,9 @@ def depthwise_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int,
         if not sweeps_rows(kernel, strides, dilations):
             raise ValueError("row-sweep tiles (BLOCK_R) take 3x3 convs of stride 1 or 2 and dilation 1")
         grid = (triton.cdiv(c, cfg["BLOCK_C"]) * n * triton.cdiv(oh, block_r) * triton.cdiv(ow, cfg["BLOCK_P"]),)
-        stages = cfg.get("TMA_STAGES", 0) if sh == 1 and tma_addressable(x) else 0  # else the same on pointers
-        src = (TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), [1, 1, cfg["BLOCK_P"], cfg["BLOCK_C"]]) if stages
-               else x)
+        stages = cfg.get("TMA_STAGES", 0) if tma_addressable(x) else 0  # else the same on pointers
+        src = (TensorDescriptor.from_tensor(x.permute(0, 2, 3, 1), [1, 1, cfg["BLOCK_P"] * sh, cfg["BLOCK_C"]])
+               if stages else x)
         _rows_kernel[grid](src, w_packed, bias if bias is not None else y, r, y, n, h, wd, c, oh, ow, pads[0], pads[1],
                            float(act_alpha), float(act_beta), *x.stride(), *r.stride(), *y.stride(), STRIDE=sh,
                            HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, EVEN_C=even_c,

@@ -35,9 +35,9 @@ def _depthwise_configs(spec: LayerSpec, device, level: int):
     oh, ow = (d if isinstance(d, int) else None for d in (out[2:4] if out else (None, None)))
     c = spec.inputs[1].const.shape[0]
     rows = depthwise_conv.sweeps_rows(a["kernel_shape"], a["strides"], a["dilations"])
-    tma = (rows and tuple(a["strides"]) == (1, 1) and tma_device_reason(device) is None
-           and c * spec.inputs[0].dtype.torch.itemsize % TMA_ALIGN == 0)
-    return mark_nhwc(depthwise_conv.configs(conv_rows(out), c, level, ow, oh, rows, tma))
+    size = spec.inputs[0].dtype.torch.itemsize
+    tma = rows and tma_device_reason(device) is None and c * size % TMA_ALIGN == 0
+    return mark_nhwc(depthwise_conv.configs(conv_rows(out), c, level, ow, oh, rows, tma, a["strides"][0], size))
 
 
 def _direct_configs(spec: LayerSpec, device, level: int):
