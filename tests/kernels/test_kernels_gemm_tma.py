@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kiln.kernels import gemm_tma  # noqa: E402
+from kiln.kernels.common import tma_dense  # noqa: E402
 from kiln.target.device import Device  # noqa: E402
 from kiln.tactics import registry  # noqa: E402
 from tests.kernels.test_kernels_gemm import ACTS, CPU, _check, _spec  # noqa: E402
@@ -33,13 +34,18 @@ def test_kernel_edges_bias_activation(dtype, act, persistent):
 
 
 def test_kernel_writes_out_and_copies_unaligned_operands():
-    """An `out` buffer receives the result; a column view of A (rows off 16-byte boundaries) is copied first."""
+    """An `out` buffer receives the result; a column view of A (rows off 16-byte boundaries) and a contiguous A
+    whose start is off one are copied first."""
     a = torch.randn(20, 41).half()[:, 1:]
     w = torch.randn(16, 40).half()
     buf = torch.empty(20 * 16 * 2, dtype=torch.uint8)
     got = gemm_tma.matmul(a, w, config=TINY, out=buf)
     assert got.data_ptr() == buf.data_ptr()
     _check(got, (a.float() @ w.float().t()).half())
+    flat = torch.randn(20 * 40 + 1).half()
+    shifted = flat[1:].view(20, 40)  # contiguous, but 2 bytes off a 16-byte boundary: copied
+    assert shifted.is_contiguous() and not tma_dense(shifted) and tma_dense(gemm_tma._addressed(shifted))
+    _check(gemm_tma.matmul(shifted, w, config=TINY), (shifted.float() @ w.float().t()).half())
     with pytest.raises(ValueError, match="multiples of 8"):
         gemm_tma.matmul(torch.randn(4, 12).half(), torch.randn(8, 12).half(), config=TINY)
 

@@ -103,6 +103,12 @@ def addressable(*dims: int, itemsize: int = 2) -> bool:
     return all(d * itemsize % TMA_ALIGN == 0 for d in dims)
 
 
+def _addressed(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t, or a row-major copy in fresh memory where TMA cannot address it (a contiguous view may still start off a
+    16-byte boundary, where `contiguous()` would not copy)."""
+    return t if tma_dense(t) else t.clone(memory_format=torch.contiguous_format)
+
+
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, activation: str = "none",
            act_alpha: float = 1.0, act_beta: float = 0.0, config: dict, residual: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
@@ -114,13 +120,12 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     (m, k), n = a.shape, w.shape[0]
     if not addressable(k, n, itemsize=a.element_size()):
         raise ValueError(f"K ({k}) and N ({n}) must be multiples of {TMA_ALIGN // a.element_size()} for TMA")
-    a = a if tma_dense(a) else a.contiguous()
-    w = w if tma_dense(w) else w.contiguous()
+    a, w = _addressed(a), _addressed(w)
     c = take(out, (m, n), a.dtype, a.device)
     if m == 0 or n == 0:
         return c
     dst = c if tma_dense(c) else torch.empty_like(c)
-    res = residual if residual is None or tma_dense(residual) else residual.contiguous()
+    res = _addressed(residual)
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     persistent = config.get("persistent", False)
