@@ -41,7 +41,7 @@ def row(name, c, co, side, k, stride, batch) -> dict:
         xm, times, tiles = x.contiguous(memory_format=mem), {}, {}
         rows = depthwise_conv.sweeps_rows((k, k), (stride, stride), (1, 1))
         sweep = {"ow": side_out, "oh": side_out, "rows": rows, "tma": rows, "stride": stride}
-        for cfg in mod.configs(ys // co, co, 4, **(sweep if depthwise else {})):
+        for cfg in mod.configs(ys // co, co, 4, **(sweep if depthwise else {"dot": True})):  # fp16: DOT tiles too
             fn = lambda cfg=cfg: launch(xm, packed, (k, k), (stride, stride), [p] * 4, (1, 1), b,  # noqa: E731
                                         activation="clip", act_alpha=0.0, act_beta=6.0, config=cfg)
             tiles[str(tuple(cfg.values()))] = cfg
