@@ -285,6 +285,10 @@ def conv_epilogue(acc, bias, res, y, n, oh, ow, rc, c_ok, inside, act_alpha, act
 ACTIVATIONS = ("none", "relu", "leaky_relu", "sigmoid", "tanh", "gelu_erf", "gelu_tanh", "silu",
                "hard_sigmoid", "hard_swish", "softsign", "elu", "clip")
 
+FEW_ROWS = 65536  # output pixels (or GEMM rows) under which a layer is latency-bound: batch 1 at 224² inputs. There
+# the tile families that win at batch 64 lost (stop 51: depthwise row sweeps, the 1x1 TMA GEMM), so they are offered
+# late or not at all, which also keeps batch-1 builds short
+
 MAX_ROW_BLOCK = 8192  # widest row a row kernel keeps in registers (fp32: 32 values per thread at 8 warps)
 
 

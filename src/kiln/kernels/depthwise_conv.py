@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import (ACTIVATIONS, TMA_ALIGN, TensorDescriptor, conv_epilogue, conv_output, output_pixels,
-                                 pow2, tile_configs)
+from kiln.kernels.common import (ACTIVATIONS, FEW_ROWS, TMA_ALIGN, TensorDescriptor, conv_epilogue, conv_output,
+                                 output_pixels, pow2, tile_configs)
 
 CONFIG_KEYS = ("BLOCK_P", "BLOCK_C", "num_warps", "TILE_W", "BLOCK_R", "TMA_STAGES")
 # best-first on an H200 (MobileNetV2 b64, gpu_cuda_core_conv_probe, 2026-11-29): flat runs win the stride-1 layers,
@@ -207,7 +207,8 @@ def configs(pixels: int | None, c: int, level: int, ow: int | None = None, oh: i
     """Tiles no larger than the problem (output pixels, channels, output width and height), best-first; fewer at
     low levels. `rows`: the conv can sweep rows (`sweeps_rows`), so row-sweep tiles are offered too; `tma`: and its
     channels fill 16-byte rows on a device with TMA, so TMA sweeps are offered, leading at stride 1 (measured) and
-    after the rest at stride 2 (not yet timed on a GPU)."""
+    after the rest at stride 2 (not yet timed on a GPU). Under FEW_ROWS output pixels sweeps come after every flat
+    run and patch."""
     cap_c = pow2(c, 8, 256)
     flat = tile_configs(_SPACE, CONFIG_KEYS, {"BLOCK_C": cap_c, "BLOCK_P": pow2(pixels or 128, 8, 256),
                                               "TILE_W": pow2(ow or 16, 4, 16)},
@@ -218,7 +219,11 @@ def configs(pixels: int | None, c: int, level: int, ow: int | None = None, oh: i
                   ((_TMA, _ROWS) if tma and stride == 1 else (_ROWS, _TMA) if tma else (_ROWS,))]
         lead, *rest = [[cfg for cfg in sweep if cfg and _tma_smem(cfg, stride, itemsize) <= TMA_SMEM]
                        for sweep in sweeps]  # none fits under 16 channels
-        flat = [cfg for pair in zip(lead, flat) for cfg in pair] + lead[len(flat):] + flat[len(lead):] + sum(rest, [])
+        if pixels is not None and pixels < FEW_ROWS:  # batch 1: sweeps lost to flat runs and patches (stop 51)
+            flat = flat + lead
+        else:
+            flat = [cfg for pair in zip(lead, flat) for cfg in pair] + lead[len(flat):] + flat[len(lead):]
+        flat += sum(rest, [])
     return flat[:PER_LEVEL.get(level, len(flat))]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kiln.ir.dtype import DType
 from kiln.kernels import gemm_tma
-from kiln.kernels.common import smem_limit
+from kiln.kernels.common import FEW_ROWS, smem_limit
 from kiln.tactics.common import first
 from kiln.tactics.int8_common import tma_device_reason
 from kiln.tactics.registry import Tactic, register
@@ -32,14 +32,10 @@ def _supports(spec: LayerSpec, device) -> str | None:
     return tma_device_reason(device)
 
 
-FEW_ROWS = 65536  # under this many output pixels (MobileNetV2 at batch 1: ≤ 12,544) two tiles are offered: there
-# it won no layer in stop 51's run and its seven tiles cost 46 of the build's compile thread-seconds
-
-
 def _configs(spec: LayerSpec, device, level: int):
     co, c = spec.inputs[1].const.shape[:2]
     out = mark_nhwc(gemm_tma.short_k_configs(co, c, smem_limit(device)))
-    pixels = conv_rows(spec.outputs[0].shape)
+    pixels = conv_rows(spec.outputs[0].shape)  # few: at batch 1 it won no layer and cost 46 compile thread-seconds
     return out[:{0: 1, 1: 2, 2: 4}.get(level, 2 if pixels is not None and pixels < FEW_ROWS else len(out))]
 
 
