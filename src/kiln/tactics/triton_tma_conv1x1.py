@@ -5,7 +5,6 @@ them at 4-9x those bytes' time on an H200, this GEMM at 1.7-2.8x (gpu_pointwise_
 
 from __future__ import annotations
 
-from kiln.ir.dtype import DType
 from kiln.kernels import gemm_tma
 from kiln.kernels.common import FEW_ROWS, smem_limit
 from kiln.tactics.common import first
@@ -13,8 +12,7 @@ from kiln.tactics.int8_common import tma_device_reason
 from kiln.tactics.registry import Tactic, register
 from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import act_kwargs, conv_reason, conv_rows, mark_nhwc
-
-HALF = (DType.FLOAT16, DType.BFLOAT16)
+from kiln.tactics.triton_gemm_tma import HALF
 
 
 def _supports(spec: LayerSpec, device) -> str | None:
