@@ -323,6 +323,12 @@ def tile_configs(space, keys, limits: dict, fallback: dict, per_level: dict, lev
     return (out or [fallback])[:per_level.get(level, len(out) or 1)]
 
 
+def interleave(first: list, second: list) -> list:
+    """first[0], second[0], first[1], second[1], ..., then the longer list's rest: two best-first config lists as
+    one, neither family crowded out of the configs a low level keeps."""
+    return [x for pair in zip(first, second) for x in pair] + first[len(second):] + second[len(first):]
+
+
 def conv_output(x: torch.Tensor, co: int, kernel, strides, pads, dilations, out: torch.Tensor | None) -> torch.Tensor:
     """A 2-D conv's output for input x [N, C, H, W]: NCHW-shaped, channels_last, x's dtype (in `out`'s bytes when
     given); pads [top, left, bottom, right]."""

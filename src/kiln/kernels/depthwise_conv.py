@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import (ACTIVATIONS, FEW_ROWS, TMA_ALIGN, TensorDescriptor, conv_epilogue, conv_output,
-                                 output_pixels, pow2, tile_configs)
+                                 interleave, output_pixels, pow2, tile_configs)
 
 CONFIG_KEYS = ("BLOCK_P", "BLOCK_C", "num_warps", "TILE_W", "BLOCK_R", "TMA_STAGES")
 # best-first on an H200 (MobileNetV2 b64, gpu_cuda_core_conv_probe, 2026-11-29): flat runs win the stride-1 layers,
@@ -222,7 +222,7 @@ def configs(pixels: int | None, c: int, level: int, ow: int | None = None, oh: i
         if pixels is not None and pixels < FEW_ROWS:  # batch 1: sweeps lost to flat runs and patches (stop 51)
             flat = flat + lead
         else:
-            flat = [cfg for pair in zip(lead, flat) for cfg in pair] + lead[len(flat):] + flat[len(lead):]
+            flat = interleave(lead, flat)
         flat += sum(rest, [])
     return flat[:PER_LEVEL.get(level, len(flat))]
 

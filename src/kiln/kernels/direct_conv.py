@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, conv_epilogue, conv_output, output_pixels, pow2, tile_configs
+from kiln.kernels.common import (ACTIVATIONS, conv_epilogue, conv_output, interleave, output_pixels, pow2,
+                                 tile_configs)
 
 MAX_TAPS = 36  # C·KH·KW a direct conv takes: each tap is unrolled (ResNet-50's 147-tap 7x7 stem compiled for
 # tens of seconds and needs tensor cores anyway)
@@ -77,7 +78,7 @@ def configs(pixels: int | None, co: int, level: int, dot: bool = False) -> list[
     out = tile_configs(_SPACE, CONFIG_KEYS, limits, fallback, PER_LEVEL, 4)
     if dot:
         dots = [cfg for cfg in tile_configs(_DOT, CONFIG_KEYS, limits, {}, PER_LEVEL, 4) if cfg]
-        out = [cfg for pair in zip(dots, out) for cfg in pair] + dots[len(out):] + out[len(dots):]
+        out = interleave(dots, out)
     return out[:PER_LEVEL.get(level, len(out))]
 
 
