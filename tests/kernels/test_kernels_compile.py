@@ -1,6 +1,7 @@
 """The fp16 Triton kernels compile for Hopper (sm90) with the ptxas Triton ships, no GPU needed: the interpreter
 that runs the CPU tests forgives what the compiler refuses, and the shared @triton.jit helpers (grouped tiles,
-output pixels, row normalization, split-K's sum) must compile inside every kernel that calls them."""
+output pixels, row normalization, split-K's sum) must compile inside every kernel that calls them, with and without
+programmatic dependent launch."""
 
 import os
 import subprocess
@@ -14,9 +15,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kiln.kernels import conv, gemm, layernorm
 
-def build(fn, sig, consts):
+def build(fn, sig, consts, pdl=False):
+    consts = dict(consts) | {"PDL": pdl}
     sig = dict(sig) | {k: "constexpr" for k in consts}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+    assert ("griddepcontrol.wait" in k.asm["ptx"]) == pdl  # programmatic dependent launch only where asked
+    return k
 
 h = "*fp16"
 g = dict(zip("a w bias c".split(), [h] * 4)) | {k: "i32" for k in \
@@ -27,7 +31,7 @@ g |= split | {"k_per": "i32"}
 for s in (False, True):  # unsplit, and split-K (atomic count, partials summed by the last run)
     k = build(gemm._gemm_kernel, g, {"HAS_BIAS": True, "ACT": "gelu_tanh", "PRECISION": "tf32", "UPCAST": False,
                                       "BLOCK_M": 128 if not s else 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
-                                      "SPLIT": s})
+                                      "SPLIT": s}, pdl=s)
     assert "wgmma" in k.asm["ptx"] and ("atom" in k.asm["ptx"]) == s
 c = dict(zip("x w bias res y".split(), [h] * 5))
 c |= {k: "i32" for k in "N H W C OH OW CO KH KW sh sw ph pw dh dw".split()}
@@ -37,7 +41,7 @@ c |= split | {"t_per": "i32"}
 for s in (False, True):
     build(conv._conv_kernel, c, {"HAS_BIAS": True, "HAS_RES": True, "ACT": "relu", "PRECISION": "tf32",
                                  "UPCAST": False, "BLOCK_M": 128 if not s else 64, "BLOCK_N": 64, "BLOCK_K": 32,
-                                 "SPLIT": s})
+                                 "SPLIT": s}, pdl=not s)
 ln = dict(zip("x w b y".split(), [h] * 4)) | {"N": "i32", "s_x": "i32", "s_y": "i32", "eps": "fp32"}
 for one_pass in (True, False):
     build(layernorm._layernorm_kernel, ln, {"HAS_BIAS": True, "BLOCK": 1024, "ONE_PASS": one_pass})

@@ -92,8 +92,8 @@ def test_depthwise_configs_fit_the_output_width():
 
 
 def test_depthwise_row_sweeps_offered_where_they_apply():
-    """3x3 convs of stride 1 or 2 get row sweeps, TMA ones where 16-byte channel rows allow (leading at stride 1
-    from 65,536 output pixels, last at stride 2 and under 65,536 pixels); a 5x5 or dilated conv gets none."""
+    """3x3 convs of stride 1 or 2 get row sweeps, TMA ones where 16-byte channel rows allow (leading from 65,536
+    output pixels, after every flat run and patch under that); a 5x5 or dilated conv gets none."""
     def tiles(c, k=3, stride=1, dilation=1, dtype=torch.float16, batch=400):
         x = torch.randn(batch, c, 14, 14).to(dtype)
         spec, _ = _spec("Conv", _attrs(c, k, stride, (1, 1, 1, 1), dilation), [x, torch.randn(c, 1, k, k).to(dtype)])
@@ -105,7 +105,7 @@ def test_depthwise_row_sweeps_offered_where_they_apply():
     assert not few[0]["BLOCK_R"] and few[-1]["BLOCK_R"]
     assert any(c["BLOCK_R"] and not c["TMA_STAGES"] for c in tiles(64))
     at2 = tiles(64, stride=2, batch=1400)  # 68,600 output pixels
-    assert at2[0]["BLOCK_R"] and not at2[0]["TMA_STAGES"] and at2[-1]["TMA_STAGES"]  # TMA last at stride 2
+    assert at2[0]["BLOCK_R"] and at2[0]["TMA_STAGES"] and not at2[-1]["TMA_STAGES"]  # TMA first at stride 2 too
     assert not any(c["TMA_STAGES"] for c in tiles(12))  # 24-byte channel rows
     assert not any(c["BLOCK_R"] for c in tiles(64, k=5) + tiles(64, dilation=2))
     with pytest.raises(ValueError, match="row-sweep"):

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import DEFAULT_SMEM, INTERPRET, dot_precision, pow2, upcast_dot
+from kiln.kernels.common import DEFAULT_SMEM, INTERPRET, dot_precision, pdl_args, pdl_start, pow2, upcast_dot
 from kiln.kernels.out_buffer import take
 from kiln.kernels.quantize import quantize_values
 
@@ -33,11 +33,13 @@ def _flash_kernel(q, k, v, mask, o, H, GROUPS, Sq, Skv, D, DV, qk_scale, q_scale
                   s_mb, s_mh, s_mm, s_mn, s_ob, s_oh, s_om, s_od,
                   MASK: tl.constexpr, MASK_ROWS: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, QUANT: tl.constexpr, EXACT_DIV: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  PDL: tl.constexpr):
     """One BLOCK_M tile of query rows of one (batch, head); scores in base 2 (qk_scale holds log2 e), so
     exp2 replaces exp. EVEN_N: Skv is a multiple of BLOCK_N (no key bounds); MASK_ROWS: the mask varies
     along query rows (else one mask vector per key tile, as a key-padding mask); QUANT: o gets the output, rounded
     to Q's dtype, quantized to int8 with q_scale (as a QuantizeLinear reading it computes it)."""
+    pdl_start(PDL)
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -156,5 +158,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
                         EVEN_N=skv % cfg["BLOCK_N"] == 0, CAUSAL=causal, PRECISION=dot_precision(q.dtype, tf32),
                         UPCAST=upcast_dot(q.dtype), QUANT=q_scale is not None, EXACT_DIV=not INTERPRET,
                         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=pow2(d, 16, 256),
-                        BLOCK_DV=pow2(dv, 16, 256), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                        BLOCK_DV=pow2(dv, 16, 256), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                        **pdl_args(q.device))
     return o

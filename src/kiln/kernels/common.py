@@ -15,6 +15,9 @@ from kiln.target.hardware_compat import smem_budget
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # triton reads it when kernels are decorated, as here
 DEFAULT_SMEM = 48 * 1024  # bytes every CUDA device gives a block without opting in
 TMA_ALIGN = 16  # bytes: TMA base addresses and row strides
+# a conv kernel's map sizes and pads: they only bound and index, so one compiled kernel serves every layer of a
+# config instead of one per value-1 / divisible-by-16 pattern of each (fewer compiles in a cold build)
+MAP_ARGS = ("N", "H", "W", "OH", "OW", "ph", "pw", "dh", "dw")
 
 try:  # triton ≥ 3.3
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -97,9 +100,22 @@ def pdl_args(device: torch.device) -> dict:
     """Launch arguments for a kernel with a PDL constexpr: programmatic dependent launch on Hopper and later, off
     under the interpreter or with KILN_PDL=0. The next kernel's programs then start as this one's last ones run,
     load their weights, and wait (griddepcontrol.wait) for its results, instead of starting after it drains."""
-    on = (device.type == "cuda" and not INTERPRET and os.environ.get("KILN_PDL", "1") != "0"
-          and torch.cuda.get_device_capability(device) >= (9, 0))
+    on = device.type == "cuda" and os.environ.get("KILN_PDL", "1") != "0" and _pdl_device(device.index)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_device(index: int | None) -> bool:
+    return not INTERPRET and torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """A kernel's first step under programmatic dependent launch (pdl_args): let the next kernel's programs launch,
+    then wait until the previous kernel has finished and its writes are visible; no memory is touched before."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
 
 
 def dot_precision(dtype: torch.dtype, tf32: bool) -> str:

@@ -12,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, conv_epilogue, conv_output, dot_precision,
-                                output_pixels, pow2, split_k_configs, split_k_plan, split_k_sum, upcast_dot)
+from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, MAP_ARGS, SplitScratch, conv_epilogue, conv_output,
+                                 dot_precision, output_pixels, pdl_args, pdl_start, pow2, split_k_configs, split_k_plan,
+                                 split_k_sum, upcast_dot)
 
 PER_LEVEL = {0: 1, 1: 1, 2: 2, 3: 3}  # unsplit configs offered per opt level; all from level 4
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
@@ -34,13 +35,14 @@ def _tap_tiles(x, w, n, ih, iw, c, rn, m_ok, n_ok, tap, H, W, C, CO, s_xn, s_xc,
     return a, b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=MAP_ARGS)
 def _conv_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, CO, KH, KW, sh, sw, ph, pw, dh, dw, act_alpha, act_beta,
                  s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                  ws, counts, t_per,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     n, oh, ow, m_ok = output_pixels(N, OH, OW, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -130,5 +132,5 @@ def conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, int], str
         *x.stride(), *r.stride(), *y.stride(), ws, counts, t_per,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
         PRECISION=dot_precision(x.dtype, tf32), UPCAST=upcast_dot(x.dtype), SPLIT=splits > 1,
-        **{key: cfg[key] for key in CONFIG_KEYS})
+        **{key: cfg[key] for key in CONFIG_KEYS}, **pdl_args(x.device))
     return y

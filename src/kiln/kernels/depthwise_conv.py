@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import (ACTIVATIONS, FEW_ROWS, TMA_ALIGN, TensorDescriptor, conv_epilogue, conv_output,
-                                 interleave, output_pixels, pow2, tile_configs)
+from kiln.kernels.common import (ACTIVATIONS, FEW_ROWS, MAP_ARGS, TMA_ALIGN, TensorDescriptor, conv_epilogue,
+                                 conv_output, interleave, output_pixels, pdl_args, pdl_start, pow2, tile_configs)
 
 CONFIG_KEYS = ("BLOCK_P", "BLOCK_C", "num_warps", "TILE_W", "BLOCK_R", "TMA_STAGES")
 # best-first on an H200 (MobileNetV2 b64, gpu_cuda_core_conv_probe, 2026-11-29): flat runs win the stride-1 layers,
@@ -39,12 +39,13 @@ _TMA = [(64, 32, 4, 0, 8, 3), (32, 64, 4, 0, 8, 3), (16, 64, 4, 0, 8, 3), (64, 3
 PER_LEVEL = {0: 1, 1: 2, 2: 4, 3: 6}  # configs offered per opt level; all from level 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=MAP_ARGS)
 def _depthwise_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, sh, sw, ph, pw, dh, dw, act_alpha, act_beta,
                       s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                       KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                       ACT: tl.constexpr, EVEN_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-                      TILE_W: tl.constexpr):
+                      TILE_W: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     if TILE_W == 0:
         n, oh, ow, p_ok = output_pixels(N, OH, OW, BLOCK_P)
     else:  # program (n, patch row, patch column); a pixel's row and column by shifts of constant widths
@@ -131,16 +132,17 @@ def _taps(x, n, ih, H, iw, w0, W, p_ok, cols, c_ok, c0, s_xn, s_xh, s_xw, STRIDE
     return a, b, c
 
 
-@triton.jit
+@triton.jit(do_not_specialize=MAP_ARGS)
 def _rows_kernel(x, w, bias, res, y, N, H, W, C, OH, OW, ph, pw, act_alpha, act_beta,
                  s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                  STRIDE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
                  EVEN_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
-                 TMA_STAGES: tl.constexpr):
+                 TMA_STAGES: tl.constexpr, PDL: tl.constexpr):
     """A 3x3 depthwise conv of stride 1 or 2 (dilation 1) over a band of BLOCK_R output rows × BLOCK_P columns ×
     BLOCK_C channels; the channel blocks of a tile are neighbouring programs, so they share the input's lines.
     TMA_STAGES > 0: x is an [N, H, W, C] descriptor, its rows loaded TMA_STAGES deep ahead of the math, which keeps
     enough bytes in flight (pointer loads reached a third of the HBM's rate)."""
+    pdl_start(PDL)
     c_blocks, w_tiles, bands = tl.cdiv(C, BLOCK_C), tl.cdiv(OW, BLOCK_P), tl.cdiv(OH, BLOCK_R)
     pid = tl.program_id(0)
     cb, tile = pid % c_blocks, pid // c_blocks
@@ -206,9 +208,8 @@ def configs(pixels: int | None, c: int, level: int, ow: int | None = None, oh: i
             rows: bool = False, tma: bool = False, stride: int = 1, itemsize: int = 2) -> list[dict]:
     """Tiles no larger than the problem (output pixels, channels, output width and height), best-first; fewer at
     low levels. `rows`: the conv can sweep rows (`sweeps_rows`), so row-sweep tiles are offered too; `tma`: and its
-    channels fill 16-byte rows on a device with TMA, so TMA sweeps are offered, leading at stride 1 (measured) and
-    after the rest at stride 2 (not yet timed on a GPU). Under FEW_ROWS output pixels sweeps come after every flat
-    run and patch."""
+    channels fill 16-byte rows on a device with TMA, so TMA sweeps are offered, leading the sweeps (they won at both
+    strides from 28² up on an H200). Under FEW_ROWS output pixels sweeps come after every flat run and patch."""
     cap_c = pow2(c, 8, 256)
     flat = tile_configs(_SPACE, CONFIG_KEYS, {"BLOCK_C": cap_c, "BLOCK_P": pow2(pixels or 128, 8, 256),
                                               "TILE_W": pow2(ow or 16, 4, 16)},
@@ -216,7 +217,7 @@ def configs(pixels: int | None, c: int, level: int, ow: int | None = None, oh: i
     if rows:
         limits = {"BLOCK_C": cap_c, "BLOCK_P": pow2(ow or 64, 8, 128), "BLOCK_R": pow2(oh or 16, 4, 16)}
         sweeps = [tile_configs(space, CONFIG_KEYS, limits, {}, PER_LEVEL, 4) for space in
-                  ((_TMA, _ROWS) if tma and stride == 1 else (_ROWS, _TMA) if tma else (_ROWS,))]
+                  ((_TMA, _ROWS) if tma else (_ROWS,))]
         lead, *rest = [[cfg for cfg in sweep if cfg and _tma_smem(cfg, stride, itemsize) <= TMA_SMEM]
                        for sweep in sweeps]  # none fits under 16 channels
         if pixels is not None and pixels < FEW_ROWS:  # batch 1: sweeps lost to flat runs and patches (stop 51)
@@ -273,7 +274,7 @@ def depthwise_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int,
                            float(act_alpha), float(act_beta), *x.stride(), *r.stride(), *y.stride(), STRIDE=sh,
                            HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation, EVEN_C=even_c,
                            BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"], BLOCK_R=block_r, TMA_STAGES=stages,
-                           num_warps=cfg["num_warps"])
+                           num_warps=cfg["num_warps"], **pdl_args(x.device))
         return y
     tile_w = cfg.get("TILE_W", 0)
     pixel_tiles = (n * triton.cdiv(oh, cfg["BLOCK_P"] // tile_w) * triton.cdiv(ow, tile_w) if tile_w
@@ -284,5 +285,5 @@ def depthwise_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int,
                             *x.stride(), *r.stride(), *y.stride(), KH=kh, KW=kw,
                             HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
                             EVEN_C=even_c, BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
-                            TILE_W=tile_w, num_warps=cfg["num_warps"])
+                            TILE_W=tile_w, num_warps=cfg["num_warps"], **pdl_args(x.device))
     return y

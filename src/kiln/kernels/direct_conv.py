@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import (ACTIVATIONS, conv_epilogue, conv_output, interleave, output_pixels, pow2,
-                                 tile_configs)
+from kiln.kernels.common import (ACTIVATIONS, MAP_ARGS, conv_epilogue, conv_output, interleave, output_pixels, pdl_args,
+                                 pdl_start, pow2, tile_configs)
 
 MAX_TAPS = 36  # C·KH·KW a direct conv takes: each tap is unrolled (ResNet-50's 147-tap 7x7 stem compiled for
 # tens of seconds and needs tensor cores anyway)
@@ -26,12 +26,13 @@ _DOT = [(128, 32, 4, 1), (64, 32, 4, 1), (128, 64, 4, 1), (256, 32, 8, 1)]
 PER_LEVEL = {0: 1, 1: 2, 2: 3, 3: 4}  # configs offered per opt level; all from level 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=MAP_ARGS)
 def _direct_kernel(x, w, bias, res, y, N, H, W, OH, OW, CO, sh, sw, ph, pw, dh, dw, act_alpha, act_beta,
                    s_xn, s_xc, s_xh, s_xw, s_rn, s_rc, s_rh, s_rw, s_yn, s_yc, s_yh, s_yw,
                    C: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr,
                    HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT: tl.constexpr, BLOCK_K: tl.constexpr):
+                   DOT: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     n, oh, ow, p_ok = output_pixels(N, OH, OW, BLOCK_P)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < CO
@@ -110,5 +111,5 @@ def direct_conv2d(x: torch.Tensor, w_packed: torch.Tensor, kernel: tuple[int, in
                          *x.stride(), *r.stride(), *y.stride(), C=c, KH=kh, KW=kw,
                          HAS_BIAS=bias is not None, HAS_RES=residual is not None, ACT=activation,
                          BLOCK_P=cfg["BLOCK_P"], BLOCK_N=cfg["BLOCK_N"], DOT=dot, BLOCK_K=pow2(c * kh * kw, 16, 64),
-                         num_warps=cfg["num_warps"])
+                         num_warps=cfg["num_warps"], **pdl_args(x.device))
     return y

@@ -13,12 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import pow2
+from kiln.kernels.common import pdl_args, pdl_start, pow2
 from kiln.kernels.out_buffer import take
 
 
 @triton.jit
-def _gather_kernel(x, idx, y, n_idx, size, inner, tiles_j, BLOCK_J: tl.constexpr, BLOCK_I: tl.constexpr):
+def _gather_kernel(x, idx, y, n_idx, size, inner, tiles_j, BLOCK_J: tl.constexpr, BLOCK_I: tl.constexpr,
+                   PDL: tl.constexpr):
+    pdl_start(PDL)
     o = (tl.program_id(0) // tiles_j).to(tl.int64)
     rj = (tl.program_id(0) % tiles_j) * BLOCK_J + tl.arange(0, BLOCK_J)
     ri = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
@@ -49,5 +51,5 @@ def gather(x: torch.Tensor, idx: torch.Tensor, axis: int, out: torch.Tensor | No
     tiles_j = triton.cdiv(n_idx, block_j)
     _gather_kernel[(outer * tiles_j, triton.cdiv(inner, block_i))](
         x.contiguous(), idx.contiguous(), y, n_idx, size, inner, tiles_j, BLOCK_J=block_j, BLOCK_I=block_i,
-        num_warps=4)
+        num_warps=4, **pdl_args(x.device))
     return y

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, activate, dot_precision, grouped_tile, pow2,
-                                split_k_configs, split_k_plan, split_k_sum, upcast_dot)
+from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, activate, dot_precision, grouped_tile,
+                                 pdl_args, pdl_start, pow2, split_k_configs, split_k_plan, split_k_sum, upcast_dot)
 from kiln.kernels.out_buffer import take
 
 TILES_WANTED = 64  # the default config shrinks tiles until a problem has this many (enough to fill most GPUs)
@@ -33,7 +33,8 @@ def _gemm_kernel(a, w, bias, c, M, N, K, alpha, beta, act_alpha, act_beta,
                  s_am, s_ak, s_wk, s_wn, s_bm, s_bn, s_cm, s_cn, ws, counts, k_per,
                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,5 +134,5 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         ws, counts, per * cfg["BLOCK_K"], HAS_BIAS=bias is not None, ACT=activation,
         PRECISION=dot_precision(a.dtype, tf32), UPCAST=upcast_dot(a.dtype), SPLIT=splits > 1,
-        **{key: cfg[key] for key in CONFIG_KEYS})
+        **{key: cfg[key] for key in CONFIG_KEYS}, **pdl_args(a.device))
     return c

@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import ACTIVATIONS, TMA_ALIGN, TensorDescriptor, activate, grouped_tile, sm_count, tma_dense
+from kiln.kernels.common import (ACTIVATIONS, TMA_ALIGN, TensorDescriptor, activate, grouped_tile, pdl_args, pdl_start,
+                                 sm_count, tma_dense)
 from kiln.kernels.gemm import CONFIG_KEYS
 from kiln.kernels.out_buffer import take
 
@@ -43,7 +44,8 @@ def _tile(a_desc, w_desc, c_desc, r_desc, bias, N, K, act_alpha, act_beta, off_m
 @triton.jit
 def _gemm_kernel(a_desc, w_desc, c_desc, r_desc, bias, M, N, K, act_alpha, act_beta, HAS_BIAS: tl.constexpr,
                  HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     _tile(a_desc, w_desc, c_desc, r_desc, bias, N, K, act_alpha, act_beta, pid_m * BLOCK_M, pid_n * BLOCK_N, HAS_BIAS,
           HAS_RES, ACT, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -53,9 +55,10 @@ def _gemm_kernel(a_desc, w_desc, c_desc, r_desc, bias, M, N, K, act_alpha, act_b
 def _gemm_persistent_kernel(a_desc, w_desc, c_desc, r_desc, bias, M, N, K, act_alpha, act_beta,
                             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                            WARP_SPEC: tl.constexpr):
+                            WARP_SPEC: tl.constexpr, PDL: tl.constexpr):
     """The same tiles, each program taking every num_programs-th one in a flattened loop (or, WARP_SPEC, a loop
     whose loads and math triton gives to separate warps)."""
+    pdl_start(PDL)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=not WARP_SPEC,
                          warp_specialize=WARP_SPEC):
@@ -137,7 +140,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         desc(a, [bm, bk]), desc(w, [bn, bk]), desc(dst, [bm, bn]), desc(dst if res is None else res, [bm, bn]),
         bias if bias is not None else dst, m, n, k, float(act_alpha), float(act_beta), HAS_BIAS=bias is not None,
         HAS_RES=res is not None, ACT=activation, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["GROUP_M"],
-        num_warps=config["num_warps"], num_stages=config["num_stages"], **extra)
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **extra, **pdl_args(a.device))
     if dst is not c:
         c.copy_(dst)
     return c

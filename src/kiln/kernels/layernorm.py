@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import INTERPRET, row_config
+from kiln.kernels.common import INTERPRET, pdl_args, pdl_start, row_config
 from kiln.kernels.quantize import quantize_values
 from kiln.kernels.out_buffer import take
 
@@ -30,7 +30,8 @@ def _normalize_row(v, inside, w, b, cols, N, eps, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def _layernorm_kernel(x, w, b, y, N, s_x, s_y, eps, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-                      ONE_PASS: tl.constexpr):
+                      ONE_PASS: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     x += row * s_x
     y += row * s_y
@@ -74,7 +75,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     w = weight.reshape(-1)
     b = bias.reshape(-1) if bias is not None else w
     _layernorm_kernel[(x2.shape[0],)](x2, w, b, y, n, x2.stride(0), n, float(eps), HAS_BIAS=bias is not None,
-                                      BLOCK=cfg["BLOCK"], ONE_PASS=n <= cfg["BLOCK"], num_warps=cfg["num_warps"])
+                                      BLOCK=cfg["BLOCK"], ONE_PASS=n <= cfg["BLOCK"], num_warps=cfg["num_warps"],
+                                      **pdl_args(x.device))
     return y
 
 
@@ -94,8 +96,9 @@ def _normalize_rows(v, inside, w, b, cols, N, eps, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _add_layernorm_kernel(a, r, w, b, y, s, q, qm, M, N, s_a, s_r, eps, q_scale, HAS_BIAS: tl.constexpr,
                           STORE_SUM: tl.constexpr, QUANT: tl.constexpr, Q_MUL: tl.constexpr, FP8: tl.constexpr,
-                          EXACT_DIV: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+                          EXACT_DIV: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
     """ROWS rows a program: more bytes in flight than one row's (faster for BERT's 768-wide fp16 rows)."""
+    pdl_start(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     inside = (rows < M)[:, None] & (cols < N)[None, :]
@@ -146,5 +149,5 @@ def add_layer_norm(a: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias:
             a2, r2, w, b, y, s if s is not None else y, q if q is not None else y, qm, a2.shape[0], n, a2.stride(0),
             r2.stride(0), float(eps), float(q_scale or 1.0), HAS_BIAS=bias is not None, STORE_SUM=want_sum,
             QUANT=q is not None, Q_MUL=qm is not w, FP8=q_dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
-            BLOCK=cfg["BLOCK"], ROWS=rows, num_warps=cfg["num_warps"])
+            BLOCK=cfg["BLOCK"], ROWS=rows, num_warps=cfg["num_warps"], **pdl_args(a.device))
     return (y, s) if q is None else (y, s, q)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import activate
+from kiln.kernels.common import activate, pdl_args, pdl_start
 from kiln.kernels.out_buffer import take
 
 # kind -> (activation name or a function of the attrs giving it, (alpha attr, default), (beta attr, default))
@@ -33,7 +33,8 @@ CONFIGS = [{"BLOCK": 1024, "num_warps": 4}, {"BLOCK": 2048, "num_warps": 8}, {"B
 
 
 @triton.jit
-def _pointwise_kernel(x, y, n, alpha, beta, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _pointwise_kernel(x, y, n, alpha, beta, ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     v = tl.load(x + offs, mask=inside, other=0.0).to(tl.float32)
@@ -56,13 +57,15 @@ def apply(x: torch.Tensor, activation: str, alpha: float = 0.0, beta: float = 0.
     n = src.numel()
     if n:
         _pointwise_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](src, y, n, float(alpha), float(beta), ACT=activation,
-                                                           BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+                                                           BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
+                                                           **pdl_args(x.device))
     return y
 
 
 @triton.jit
 def _bias_act_kernel(y, bias, r, n, C, inner, alpha, beta, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                     ACT: tl.constexpr, BLOCK: tl.constexpr):
+                     ACT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     v = tl.load(y + offs, mask=inside, other=0.0).to(tl.float32)
@@ -90,5 +93,6 @@ def bias_act_(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor
     if n:
         _bias_act_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](
             y, bias if bias is not None else y, r, n, c, inner, float(alpha), float(beta), HAS_BIAS=bias is not None,
-            HAS_RES=residual is not None, ACT=activation, BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+            HAS_RES=residual is not None, ACT=activation, BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
+            **pdl_args(y.device))
     return y

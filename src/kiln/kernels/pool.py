@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import INTERPRET
+from kiln.kernels.common import INTERPRET, pdl_args, pdl_start
 from kiln.kernels.out_buffer import take
 
 CONFIGS = [{"BLOCK_P": 64, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 128, "BLOCK_C": 64, "num_warps": 8},
@@ -25,7 +25,8 @@ CONFIGS = [{"BLOCK_P": 64, "BLOCK_C": 64, "num_warps": 4}, {"BLOCK_P": 128, "BLO
 @triton.jit
 def _max_pool_kernel(x, y, N, C, H, W, OH, OW, sh, sw, ph, pw, dh, dw, s_xn, s_xc, s_xh, s_xw, s_yn, s_yc, s_yh, s_yw,
                      KH: tl.constexpr, KW: tl.constexpr, CLAMP: tl.constexpr, BLOCK_P: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
+                     BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     rp = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     n, oh, ow = rp // (OH * OW), (rp // OW) % OH, rp % OW
@@ -66,9 +67,11 @@ max.s16x2 $1, $3, o;
 
 @triton.jit
 def _max_pool_words_kernel(x, y, N, C4, H, W, OH, OW, sh, sw, ph, pw, s_xn, s_xh, s_xw, s_yn, s_yh, s_yw,
-                           KH: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                           KH: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                           PDL: tl.constexpr):
     """int8 NHWC MaxPool (no dilation, every window meeting the map) on words of four channels: strides in int32
     words; lanes as _MAX_LANES, packed back to bytes at the end."""
+    pdl_start(PDL)
     rp = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     rc = tl.program_id(1) * (BLOCK_C // 4) + tl.arange(0, BLOCK_C // 4)
     n, oh, ow = rp // (OH * OW), (rp // OW) % OH, rp % OW
@@ -121,11 +124,11 @@ def max_pool2d(x: torch.Tensor, kernel, strides, pads, dilations, out_hw: tuple[
         words = [st // 4 for t in (x, y) for st in (t.stride(0), t.stride(2), t.stride(3))]
         _max_pool_words_kernel[grid](x, y, n, c // 4, h, w, oh, ow, *strides,
                                      *pads, *words, KH=kernel[0], KW=kernel[1], BLOCK_P=cfg["BLOCK_P"],
-                                     BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"])
+                                     BLOCK_C=cfg["BLOCK_C"], num_warps=cfg["num_warps"], **pdl_args(x.device))
         return y
     _max_pool_kernel[grid](x, y, n, c, h, w, oh, ow, *strides, *pads, *dilations, *x.stride(), *y.stride(),
                            KH=kernel[0], KW=kernel[1], CLAMP=clamp, BLOCK_P=cfg["BLOCK_P"], BLOCK_C=cfg["BLOCK_C"],
-                           num_warps=cfg["num_warps"])
+                           num_warps=cfg["num_warps"], **pdl_args(x.device))
     return y
 
 
@@ -140,8 +143,9 @@ GLOBAL_CONFIGS = [{"layout": "nhwc", **c} for c in NHWC_CONFIGS] + [{"layout": "
 
 @triton.jit
 def _global_pool_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr, BLOCK_HW: tl.constexpr,
-                        BLOCK_C: tl.constexpr):
+                        BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     """Any layout: each program one image x a block of channels, summing BLOCK_HW x BLOCK_C tiles across threads."""
+    pdl_start(PDL)
     n = tl.program_id(0)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = rc < C
@@ -162,9 +166,10 @@ def _global_pool_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr
 
 @triton.jit
 def _global_pool_rows_kernel(x, y, C, HW, s_xn, s_xc, s_xp, inv_hw, MAX: tl.constexpr, UNROLL: tl.constexpr,
-                             BLOCK_C: tl.constexpr):
+                             BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     """Channels-last maps: each program one image x a run of channels, each thread summing its own channels over
     the pixels (UNROLL loads in flight at a time)."""
+    pdl_start(PDL)
     n = tl.program_id(0)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = rc < C
@@ -198,5 +203,5 @@ def global_pool2d(x: torch.Tensor, op: str, config: dict | None = None,
         (_global_pool_kernel, dict(BLOCK_HW=cfg["BLOCK_HW"]))
     kernel[(n, triton.cdiv(c, cfg["BLOCK_C"]))](x, y, c, h * w, x.stride(0), x.stride(1), x.stride(3),
                                                 1.0 / max(h * w, 1), MAX=op == "max", BLOCK_C=cfg["BLOCK_C"],
-                                                num_warps=cfg["num_warps"], **block)
+                                                num_warps=cfg["num_warps"], **block, **pdl_args(x.device))
     return y

@@ -10,13 +10,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.common import row_config
+from kiln.kernels.common import pdl_args, pdl_start, row_config
 from kiln.kernels.out_buffer import take
 
 
 
 @triton.jit
-def _softmax_kernel(x, y, N, s_x, s_y, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+def _softmax_kernel(x, y, N, s_x, s_y, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     x += row * s_x
     y += row * s_y
@@ -55,5 +56,5 @@ def softmax(x: torch.Tensor, config: dict | None = None, out: torch.Tensor | Non
     if x2.numel() == 0:
         return y
     _softmax_kernel[(x2.shape[0],)](x2, y, n, x2.stride(0), n, BLOCK=cfg["BLOCK"], ONE_PASS=n <= cfg["BLOCK"],
-                                    num_warps=cfg["num_warps"])
+                                    num_warps=cfg["num_warps"], **pdl_args(x.device))
     return y

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kiln.kernels.common import pdl_args, pdl_start
 from kiln.kernels.int8_gemm import load_operand
 
 CHANNELS = 16  # S's channels: four input channels (zero-padded) at four parities
@@ -42,7 +43,8 @@ def _pair(base, c: tl.constexpr, ih, iw, H, W, s_xc, s_xh, C: tl.constexpr, FP8:
 
 @triton.jit
 def _s2d_kernel(x, s, H, W, HS, WS, pt, pl, s_xn, s_xc, s_xh, s_xw, C: tl.constexpr, FP8: tl.constexpr,
-                BLOCK_J: tl.constexpr):
+                BLOCK_J: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     row = tl.program_id(0)  # n·HS + i: one row of S
     n, i = row // HS, row % HS
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -73,7 +75,8 @@ def space_to_depth(x: torch.Tensor, pads: tuple[int, int], size: tuple[int, int]
     s = torch.empty((n, CHANNELS, hs, ws), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if s.numel():
         _s2d_kernel[(n * hs, triton.cdiv(ws, BLOCK_J))](x, s, h, w, hs, ws, pads[0], pads[1], *x.stride(), C=c,
-                                                        FP8=x.dtype == torch.float8_e4m3fn, BLOCK_J=BLOCK_J)
+                                                        FP8=x.dtype == torch.float8_e4m3fn, BLOCK_J=BLOCK_J,
+                                                        **pdl_args(x.device))
     return s
 
 
