@@ -51,5 +51,8 @@ def compile_cudnn(spec: LayerSpec, config, device):
     return run
 
 
+# where the depthwise kernel takes a conv, cuDNN took 2-3x its time in every fp16 MobileNetV2 layer at batch 1 and 64
+# (H200, stops 47-52), and cuDNN's plans cost a cold build the most check time
+DEPTHWISE = ("triton_depthwise_conv",)
 register(Tactic("cudnn_conv", ("Conv",), compile_cudnn, cudnn_reason, cudnn_configs, priority=10, fresh=True,
-                plans_per_shape=True))
+                plans_per_shape=True, superseded_by=DEPTHWISE))

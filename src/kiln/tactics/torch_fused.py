@@ -228,7 +228,7 @@ def _compile_add_ln(spec: LayerSpec, config, device):
 
 
 register(Tactic("cudnn_fused_conv", ("FusedConv",), _compile_conv, _supports_conv, _conv_configs, priority=10,
-                fresh=True, plans_per_shape=True))
+                fresh=True, plans_per_shape=True, superseded_by=torch_conv.DEPTHWISE))
 register(Tactic("cublaslt_fused_gemm", ("FusedGemm",), _compile_gemm, _supports_gemm, _gemm_configs, priority=10,
                 writes_out=True))
 register(Tactic("sdpa_fused_attention", ("FusedAttention",), _compile_attention, _supports_attention,
