@@ -22,6 +22,13 @@ TINY = {"layout": "nhwc", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M"
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.fixture(autouse=True)
+def _any_size(monkeypatch, request):
+    """The CPU tests run tiny convs, far under MIN_MACS; the size rule has its own test."""
+    if request.node.name != "test_small_convs_left_to_the_implicit_gemm":
+        monkeypatch.setattr("kiln.tactics.triton_tma_conv1x1.MIN_MACS", 0)
+
+
 def _attrs(**extra):
     return {"kernel_shape": [1, 1], "strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1,
             "auto_pad": "NOTSET", **extra}
@@ -67,6 +74,18 @@ def test_supports_reasons():
                                     CPU)
     assert "fp16" in TACTIC.supports(_spec("Conv", _attrs(), [x.float(), w.float()])[0], CPU)
     assert "multiples of 8" in TACTIC.supports(_spec("Conv", _attrs(), [x[:, :12], w[:, :12]])[0], CPU)
+
+
+def test_small_convs_left_to_the_implicit_gemm():
+    """Under MIN_MACS multiply-adds (every batch-1 1x1 conv of ResNet-50 and MobileNetV2) the tactic refuses; a
+    batch-64 MobileNetV2 expand (12,544 pixels x 64 x 384) and a conv of unknown size are taken."""
+    def reason(n, c, co, side):
+        return TACTIC.supports(_spec("Conv", _attrs(), [torch.empty(n, c, side, side).half(),
+                                                        torch.randn(co, c, 1, 1).half()])[0], CPU)
+
+    assert "multiply-adds" in reason(1, 64, 256, 56)  # ResNet-50 layer1, batch 1: 51M
+    assert "multiply-adds" in reason(1, 320, 1280, 7)
+    assert reason(64, 64, 384, 14) is None
 
 
 def test_short_k_configs(monkeypatch):

@@ -14,6 +14,11 @@ from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import act_kwargs, conv_reason, conv_rows, mark_nhwc
 from kiln.tactics.triton_gemm_tma import HALF
 
+# multiply-adds under which a 1x1 conv is left to the implicit-GEMM conv's small tiles: no batch-1 layer of ResNet-50
+# (51M at most) or MobileNetV2 (20M) ran faster here by more than noise, every MobileNetV2 batch-64 one it won had
+# 200M or more, and its compiles were a fifth of MobileNetV2's batch-1 build (H200, stops 51-52)
+MIN_MACS = 1 << 26
+
 
 def _supports(spec: LayerSpec, device) -> str | None:
     reason = conv_reason(spec, device)
@@ -27,13 +32,16 @@ def _supports(spec: LayerSpec, device) -> str | None:
         return "fp16 / bf16 only (TMA tiles of 2-byte values)"
     if not gemm_tma.addressable(w.shape[0], w.shape[1]):
         return "input and output channels must be multiples of 8 (TMA's 16-byte rows)"
+    pixels = conv_rows(spec.outputs[0].shape)
+    if pixels is not None and pixels * w.shape[0] * w.shape[1] < MIN_MACS:
+        return f"under {MIN_MACS >> 20}M multiply-adds (latency-bound: the implicit-GEMM conv's small tiles serve it)"
     return tma_device_reason(device)
 
 
 def _configs(spec: LayerSpec, device, level: int):
     co, c = spec.inputs[1].const.shape[:2]
     out = mark_nhwc(gemm_tma.short_k_configs(co, c, smem_limit(device)))
-    pixels = conv_rows(spec.outputs[0].shape)  # few: at batch 1 it won no layer and cost 46 compile thread-seconds
+    pixels = conv_rows(spec.outputs[0].shape)  # few (a late layer at batch 64): two tiles
     return out[:{0: 1, 1: 2, 2: 4}.get(level, 2 if pixels is not None and pixels < FEW_ROWS else len(out))]
 
 
