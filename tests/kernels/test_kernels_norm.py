@@ -193,3 +193,80 @@ def test_add_layernorm_takes_symbolic_rows_and_runs_at_any_row_count():
     other = ValueSpec(DType.FLOAT32, ("batch", "other", 64))
     assert "shapes differ" in tactic.supports(LayerSpec("l", "AddLayerNorm", LN, (sym, other, *spec.inputs[2:]),
                                                         spec.outputs), CPU)
+
+
+def _embedding(dtype, g, ids_shape=(3, 7), width=40):
+    """BERT's embedding inputs at a small size: token and segment lookups, folded positions [1, S, H], γ, β."""
+    seq = ids_shape[-1]
+    return [torch.randint(-60, 60, ids_shape, generator=g), torch.randn(60, width, generator=g).to(dtype),
+            torch.randint(0, 2, ids_shape, generator=g), torch.randn(2, width, generator=g).to(dtype), None, None,
+            torch.randn(1, seq, width, generator=g).to(dtype), torch.randn(width, generator=g).to(dtype),
+            torch.randn(width, generator=g).to(dtype)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embed_layernorm_tactic(dtype):
+    """Token + segment lookups (negative token ids count from the end) + positions, normalized, in one kernel: the
+    sums rounded in the half type as the unfused Adds, so fp16 is bit-exact; every config, blocks of rows too."""
+    g = torch.Generator().manual_seed(0)
+    inputs = _embedding(dtype, g)
+    spec, want = _spec("EmbedLayerNorm", LN, inputs, consts={1, 3, 6, 7, 8})
+    tactic = registry.get("triton_embed_layernorm")
+    assert tactic.supports(spec, CPU) is None
+    configs = tactic.configs(spec, CPU, 3)
+    assert {c.get("ROWS", 1) for c in configs} == {1, 4}
+    for config in configs[:3]:
+        got = tactic.compile(spec, config, CPU)(inputs)[0]
+        _check(got, want[0])
+        if dtype == torch.float16:
+            assert torch.equal(got, want[0])
+
+
+def test_embed_layernorm_kernel_terms_and_broadcasts():
+    """One to three lookups, a [1, S] position lookup and [S, H] constant rows repeating over the batch, no bias; an
+    index outside the table reads zeros (the reference raises); shapes that do not repeat are refused."""
+    g = torch.Generator().manual_seed(1)
+    ids, table, tt, seg = torch.randint(0, 60, (2, 5), generator=g), torch.randn(60, 24), torch.randint(0, 2, (2, 5)), \
+        torch.randn(2, 24)
+    pos, pos_table, rows = torch.arange(5).reshape(1, 5), torch.randn(5, 24), torch.randn(5, 24)
+    w = torch.randn(24)
+    for terms, const in [([(ids, table)], None), ([(ids, table)], rows), ([(ids, table), (tt, seg), (pos, pos_table)],
+                                                                          None)]:
+        flat = [x for term in terms for x in term] + [None] * (6 - 2 * len(terms))
+        want = run_reference("EmbedLayerNorm", [*flat, const, w, None], LN)[0]
+        _check(layernorm.embed_layer_norm(terms, const, w, None, 1e-5, CHUNKED | {"BLOCK": 32}), want)
+    far = ids.clone()
+    far[0, 0] = 60
+    got = layernorm.embed_layer_norm([(far, table), (tt, seg)], None, w, None, 1e-5)
+    _check(got[0, 0], run_reference("LayerNormalization", [seg[tt[0, 0]], w], LN)[0])
+    with pytest.raises(ValueError, match="does not repeat"):
+        layernorm.embed_layer_norm([(ids, table), (torch.zeros(2, 1, dtype=torch.int64), seg)], None, w, None, 1e-5)
+
+
+def test_embed_layernorm_supports_reasons():
+    g = torch.Generator().manual_seed(2)
+    inputs = _embedding(torch.float32, g)
+    tactic = registry.get("triton_embed_layernorm")
+    spec = _spec("EmbedLayerNorm", LN, inputs, consts={1, 3, 6, 7, 8})[0]
+    bad = LayerSpec("l", "EmbedLayerNorm", LN, (ValueSpec(DType.FLOAT32, (3, 7)), *spec.inputs[1:]), spec.outputs)
+    assert "int32 / int64" in tactic.supports(bad, CPU)
+    wide = ValueSpec(DType.FLOAT32, (3, 7, common.MAX_ROW_BLOCK * 2))
+    assert "wider" in tactic.supports(LayerSpec("l", "EmbedLayerNorm", LN, spec.inputs, (wide,)), CPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch, width", [(1, 384), (64, 768)])
+def test_gpu_embed_layernorm_every_config(dtype, batch, width):
+    """MiniLM's and BERT-base's embeddings (vocabulary 30,522, sequence 128) on the GPU, every config at level 5."""
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randint(0, 30522, (batch, 128), generator=g), torch.randn(30522, width, generator=g).to(dtype),
+              torch.randint(0, 2, (batch, 128), generator=g), torch.randn(2, width, generator=g).to(dtype), None,
+              None, torch.randn(1, 128, width, generator=g).to(dtype), torch.rand(width, generator=g).to(dtype) + 0.5,
+              torch.randn(width, generator=g).to(dtype)]
+    inputs = [None if t is None else t.cuda() for t in inputs]
+    spec, want = _spec("EmbedLayerNorm", LN, inputs, consts={1, 3, 6, 7, 8})
+    tactic = registry.get("triton_embed_layernorm")
+    assert tactic.supports(spec, _cuda()) is None
+    for config in tactic.configs(spec, _cuda(), 5):
+        _check(tactic.compile(spec, config, _cuda())(inputs)[0], want[0])

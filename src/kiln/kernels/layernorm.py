@@ -1,4 +1,5 @@
-"""LayerNorm over the last dim (and residual add + LayerNorm): one program per row, statistics in fp32.
+"""LayerNorm over the last dim (and residual add + LayerNorm, and embedding lookups summed + LayerNorm): one program
+per row, statistics in fp32.
 
 A row that fits one block (N ≤ BLOCK) is read once and kept in registers; wider rows are walked in
 BLOCK-wide chunks three times (mean, variance, normalize) so that any width runs.
@@ -14,6 +15,7 @@ from kiln.kernels.common import INTERPRET, pdl_args, pdl_start, row_config
 from kiln.kernels.quantize import quantize_values
 from kiln.kernels.out_buffer import take
 
+MAX_TERMS = 3  # table lookups an embedding LayerNorm sums
 
 
 @triton.jit
@@ -151,3 +153,73 @@ def add_layer_norm(a: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias:
             QUANT=q is not None, Q_MUL=qm is not w, FP8=q_dtype == torch.float8_e4m3fn, EXACT_DIV=not INTERPRET,
             BLOCK=cfg["BLOCK"], ROWS=rows, num_warps=cfg["num_warps"], **pdl_args(a.device))
     return (y, s) if q is None else (y, s, q)
+
+
+@triton.jit
+def _lookup(ids, table, rows, period, V, cols, inside, N):
+    """Table rows at each row's index (index tensor repeating every `period` rows; negative indices count from the
+    end, others outside [0, V) read zeros), [ROWS, BLOCK]."""
+    i = tl.load(ids + rows % period).to(tl.int64)
+    i = tl.where(i < 0, i + V, i)
+    ok = inside & ((i >= 0) & (i < V))[:, None]
+    return tl.load(table + i[:, None] * N + cols[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _embed_layernorm_kernel(i0, t0, i1, t1, i2, t2, c, w, b, y, M, N, p0, p1, p2, pc, v0, v1, v2, eps,
+                            TERMS: tl.constexpr, HAS_CONST: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    """ROWS rows a program: TERMS table lookups and the constant rows summed left to right, each sum rounded to
+    y's dtype as the unfused Adds give it, then normalized."""
+    pdl_start(PDL)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    inside = (rows < M)[:, None] & (cols < N)[None, :]
+    rows = tl.where(rows < M, rows, 0)
+    v = _lookup(i0, t0, rows, p0, v0, cols, inside, N)
+    if TERMS > 1:
+        v = (v.to(tl.float32) + _lookup(i1, t1, rows, p1, v1, cols, inside, N).to(tl.float32)).to(y.dtype.element_ty)
+    if TERMS > 2:
+        v = (v.to(tl.float32) + _lookup(i2, t2, rows, p2, v2, cols, inside, N).to(tl.float32)).to(y.dtype.element_ty)
+    if HAS_CONST:
+        rc = (rows % pc)[:, None] * N + cols[None, :]
+        v = (v.to(tl.float32) + tl.load(c + rc, mask=inside, other=0.0).to(tl.float32)).to(y.dtype.element_ty)
+    out = _normalize_rows(v.to(tl.float32), inside, w, b, cols, N, eps, HAS_BIAS)
+    tl.store(y + rows[:, None] * N + cols[None, :], out.to(y.dtype.element_ty), mask=inside)
+
+
+def embed_layer_norm(terms: list[tuple[torch.Tensor, torch.Tensor]], const: torch.Tensor | None,
+                     weight: torch.Tensor, bias: torch.Tensor | None, eps: float, config: dict | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm over the last dim of ((T0[I0] + T1[I1]) + T2[I2]) + C: `terms` (index tensor, [V, N] table) of up to
+    MAX_TERMS lookups and an optional constant whose rows repeat over the leading dims, as do the index tensors
+    (each, leading 1s dropped, the output's trailing dims); in `out`'s bytes when given."""
+    if not 1 <= len(terms) <= MAX_TERMS:
+        raise ValueError(f"1 to {MAX_TERMS} lookups, not {len(terms)}")
+    n = terms[0][1].shape[1]
+    parts = [ids.shape for ids, _ in terms] + ([const.shape[:-1]] if const is not None else [])
+    lead = torch.broadcast_shapes(*parts)
+    for part in parts:
+        trimmed = tuple(part)[next((i for i, d in enumerate(part) if d != 1), len(part)):]
+        if tuple(lead)[len(lead) - len(trimmed):] != trimmed:
+            raise ValueError(f"a lookup or constant of leading shape {list(part)} does not repeat over {list(lead)}")
+    cfg = config or row_config(n)
+    if n > cfg["BLOCK"]:
+        raise ValueError(f"rows of {n} values do not fit one block of {cfg['BLOCK']}")
+    table = terms[0][1]
+    y = take(out, (*lead, n), table.dtype, table.device)
+    m = y.numel() // n if n else 0
+    if m == 0:
+        return y
+    padded = terms + [terms[0]] * (MAX_TERMS - len(terms))
+    ids = [i.contiguous() for i, _ in padded]
+    tables = [t.contiguous() for _, t in padded]
+    c = const.contiguous() if const is not None else y
+    rows = cfg.get("ROWS", 1)
+    _embed_layernorm_kernel[(triton.cdiv(m, rows),)](
+        ids[0], tables[0], ids[1], tables[1], ids[2], tables[2], c, weight.reshape(-1),
+        bias.reshape(-1) if bias is not None else weight.reshape(-1), y, m, n,
+        *(max(1, i.numel()) for i in ids), max(1, c.numel() // n) if const is not None else 1,
+        *(t.shape[0] for t in tables), float(eps), TERMS=len(terms), HAS_CONST=const is not None,
+        HAS_BIAS=bias is not None, BLOCK=cfg["BLOCK"], ROWS=rows, num_warps=cfg["num_warps"], **pdl_args(y.device))
+    return y

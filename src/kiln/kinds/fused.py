@@ -116,6 +116,22 @@ def add_layer_norm(inputs, attrs):
     return y, s, _quantize(q_in, attrs["q_scale"], attrs["q_dtype"])
 
 
+@kind("EmbedLayerNorm", attrs={"axis": INT, "epsilon": FLOAT, "stash_type": INT})
+def embed_layer_norm(inputs, attrs):
+    """Y = LayerNormalization(((T0[I0] + T1[I1]) + T2[I2]) + C, scale, bias) over the last dim: a transformer's
+    token, segment and position lookups (Gathers along axis 0 of [V, H] tables) summed left to right with a
+    constant C, each broadcast over the leading dims. Inputs: I0, T0, I1, T1, I2, T2, C, scale, bias (all but the
+    first term and scale may be absent). attrs: LayerNormalization's (axis: the last)."""
+    i0, t0, i1, t1, i2, t2, c, scale, bias = (list(inputs) + [None] * 9)[:9]
+    s = _ref("Gather", [t0, i0], {"axis": 0})
+    for ids, table in ((i1, t1), (i2, t2)):
+        if table is not None:
+            s = _ref("Add", [s, _ref("Gather", [table, ids], {"axis": 0})])
+    if c is not None:
+        s = _ref("Add", [s, c])
+    return (_ref("LayerNormalization", [s, scale, bias], attrs),)
+
+
 def _quantize(y, scale: float, dtype):
     """QuantizeLinear(y, scale) to `dtype` as kiln inserts it: per tensor, no zero point, saturating."""
     q_attrs = {"axis": 1, "block_size": 0, "saturate": True, "output_dtype": dtype, "precision": None}

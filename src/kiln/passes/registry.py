@@ -16,6 +16,7 @@ from kiln.passes.fold_constants import fold_constants
 from kiln.passes.fold_shape_arithmetic import fold_shape_arithmetic
 from kiln.passes.fuse_attention import fuse_attention
 from kiln.passes.fuse_conv_epilogue import fuse_conv_epilogue
+from kiln.passes.fuse_embedding import fuse_embedding
 from kiln.passes.fuse_gemm_epilogue import fuse_gemm_epilogue
 from kiln.passes.fuse_layernorm import fuse_layernorm
 from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
@@ -26,15 +27,15 @@ from kiln.passes.manager import BuildTarget, Pass
 from kiln.passes.sink_transpose import sink_transpose
 
 # Folding first (BatchNorm must be folded into its Conv before the conv epilogue is fused); the
-# decomposed-LayerNorm and attention patterns before the epilogue fusions that would take their
-# pieces (attention's mask then narrowed to the shape it broadcasts from); pointwise chains last, so
-# they only get what no other fusion wanted, and after the layers those fusions left dead (attention's
-# run-time scale arithmetic) are gone. Sibling GEMMs (attention's Q/K/V projections) merge once their
-# epilogues are fused; repeated layers (the attention mask each encoder layer recomputes) go last, so
-# no fusion finds a value shared that it needs alone.
+# decomposed-LayerNorm (then the embedding lookups summed into one) and attention patterns before the epilogue
+# fusions that would take their pieces (attention's mask then narrowed to the shape it broadcasts from); pointwise
+# chains last, so they only get what no other fusion wanted, and after the layers those fusions left dead
+# (attention's run-time scale arithmetic) are gone. Sibling GEMMs (attention's Q/K/V projections) merge once their
+# epilogues are fused; repeated layers (the attention mask each encoder layer recomputes) go last, so no fusion
+# finds a value shared that it needs alone.
 DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm,
-                 fuse_layernorm, fuse_attention, narrow_attention_mask, fuse_conv_epilogue, fuse_gemm_epilogue,
-                 fuse_sibling_gemms, eliminate_dead, fuse_pointwise_chain, eliminate_common]
+                 fuse_layernorm, fuse_embedding, fuse_attention, narrow_attention_mask, fuse_conv_epilogue,
+                 fuse_gemm_epilogue, fuse_sibling_gemms, eliminate_dead, fuse_pointwise_chain, eliminate_common]
 
 
 class Stage(enum.Enum):

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-FUSED = {"FusedConv", "FusedGemm", "FusedAttention", "AddLayerNorm", "PointwiseChain"}
+FUSED = {"FusedConv", "FusedGemm", "FusedAttention", "AddLayerNorm", "EmbedLayerNorm", "PointwiseChain"}
 LINEAR = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Attention"}  # Attention: ONNX Attention-23
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Erf",
                "Tanh", "Sigmoid", "Max", "Min", "Sum", "Mean", "Clip", "Where", "Floor", "Ceil", "Round", "Sign"}

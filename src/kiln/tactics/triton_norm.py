@@ -1,5 +1,5 @@
-"""LayerNormalization, AddLayerNorm (residual add + LayerNorm in one kernel) and Softmax over the last dim
-through the generated Triton row kernels."""
+"""LayerNormalization, AddLayerNorm (residual add + LayerNorm in one kernel), EmbedLayerNorm (embedding lookups summed
++ LayerNorm in one kernel) and Softmax over the last dim through the generated Triton row kernels."""
 
 from __future__ import annotations
 
@@ -113,9 +113,46 @@ def _compile_add_ln(spec: LayerSpec, config, device):
     return run
 
 
+def _supports_embed_ln(spec: LayerSpec, device) -> str | None:
+    """EmbedLayerNorm: index tensors of int32 / int64, tables, constant, scale and bias of the output's float dtype,
+    rows that fit one block, LayerNorm's own conditions."""
+    ids, tables = spec.inputs[0:6:2], spec.inputs[1:6:2]
+    if any(i is not None and i.dtype not in (DType.INT64, DType.INT32) for i in ids):
+        return "indices are not int32 / int64"
+    y = spec.outputs[0]
+    n = y.shape[-1] if rank(y) else None
+    if not isinstance(n, int) or n > MAX_ROW_BLOCK:
+        return f"last dim unknown or wider than {MAX_ROW_BLOCK} values"
+    if spec.attrs.get("stash_type", 1) != 1:
+        return "stash_type other than float32"
+    for p in spec.inputs[7:9]:
+        if p is not None and (not p.static or math.prod(p.shape) != n):
+            return "scale / bias do not hold exactly the last dim's values"
+    return io_reason(spec, [t for t in (*tables, *spec.inputs[6:9]) if t is not None] + [y], device)
+
+
+def _configs_embed_ln(spec: LayerSpec, device, level: int):
+    n = spec.outputs[0].shape[-1]
+    one = [c for c in row_configs(n, level) if c["BLOCK"] >= n]
+    return one[:1] + [dict(one[0], ROWS=4, num_warps=4)] + one[1:] if level >= 2 else one
+
+
+def _compile_embed_ln(spec: LayerSpec, config, device):
+    eps = spec.attrs.get("epsilon", 1e-5)
+
+    def run(inputs, out=None):
+        i0, t0, i1, t1, i2, t2, c, scale, bias = (list(inputs) + [None] * 9)[:9]
+        terms = [(i, t) for i, t in ((i0, t0), (i1, t1), (i2, t2)) if t is not None]
+        return [layernorm.embed_layer_norm(terms, c, scale, bias, eps, config, first(out))]
+
+    return run
+
+
 register(Tactic("triton_layernorm", ("LayerNormalization",), _compile_ln, _supports_ln, _configs, priority=20,
                 writes_out=True))
 register(Tactic("triton_softmax", ("Softmax",), _compile_softmax, _supports_softmax, _configs, priority=20,
                 writes_out=True))
 register(Tactic("triton_add_layernorm", ("AddLayerNorm",), _compile_add_ln, _supports_add_ln, _configs_add_ln,
                 priority=20, writes_out=True))
+register(Tactic("triton_embed_layernorm", ("EmbedLayerNorm",), _compile_embed_ln, _supports_embed_ln,
+                _configs_embed_ln, priority=20, writes_out=True))
