@@ -50,6 +50,11 @@ aln = dict(zip("a r w b y s q qm".split(), [h] * 6 + ["*i8", h])) | {
 for quant, rows in ((False, 1), (True, 1), (False, 4)):  # add+LayerNorm, with the int8 copy, and 4 rows a program
     build(layernorm._add_layernorm_kernel, aln, {"HAS_BIAS": True, "STORE_SUM": True, "QUANT": quant, "Q_MUL": False,
                                                  "FP8": False, "EXACT_DIV": True, "BLOCK": 1024, "ROWS": rows})
+emb = {k: "*i64" for k in "i0 i1 i2".split()} | {k: h for k in "t0 t1 t2 c w b y".split()}
+emb |= {k: "i32" for k in "M N p0 p1 p2 pc v0 v1 v2".split()} | {"eps": "fp32"}
+for terms, rows in ((2, 1), (3, 4)):  # BERT's token + segment lookups and positions; three lookups, 4 rows a program
+    build(layernorm._embed_layernorm_kernel, emb, {"TERMS": terms, "HAS_CONST": terms == 2, "HAS_BIAS": True,
+                                                   "BLOCK": 1024, "ROWS": rows}, pdl=True)
 print("compiled")
 '''
 
