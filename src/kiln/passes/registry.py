@@ -21,6 +21,7 @@ from kiln.passes.fuse_gemm_epilogue import fuse_gemm_epilogue
 from kiln.passes.fuse_layernorm import fuse_layernorm
 from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
 from kiln.passes.fuse_sibling_gemms import fuse_sibling_gemms
+from kiln.passes.gather_as_reshape import gather_as_reshape
 from kiln.passes.gemm_rows import gemm_rows
 from kiln.passes.narrow_attention_mask import narrow_attention_mask
 from kiln.passes.manager import BuildTarget, Pass
@@ -33,7 +34,7 @@ from kiln.passes.sink_transpose import sink_transpose
 # (attention's run-time scale arithmetic) are gone. Sibling GEMMs (attention's Q/K/V projections) merge once their
 # epilogues are fused; repeated layers (the attention mask each encoder layer recomputes) go last, so no fusion
 # finds a value shared that it needs alone.
-DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, fold_batchnorm,
+DEFAULT: list = [eliminate_identity, fold_shape_arithmetic, fold_constants, gather_as_reshape, fold_batchnorm,
                  fuse_layernorm, fuse_embedding, fuse_attention, narrow_attention_mask, fuse_conv_epilogue,
                  fuse_gemm_epilogue, fuse_sibling_gemms, eliminate_dead, fuse_pointwise_chain, eliminate_common]
 
