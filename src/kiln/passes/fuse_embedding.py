@@ -55,7 +55,7 @@ def _lead_fits(part: tuple | None, lead: tuple) -> bool:
     return len(part) <= len(lead) and (not part or tuple(lead[len(lead) - len(part):]) == part)
 
 
-def _terms(net: Network, leaves: list[str], producers, consumers, lead: tuple, width) -> tuple | None:
+def _terms(net: Network, leaves: list[str], producers, lead: tuple, width) -> tuple | None:
     """(gathers as (ids, table, layer), the constant or None) for `leaves`, or None where one is neither a Gather
     of a constant [V, width] table along axis 0 nor one constant (the last term)."""
     gathers, const = [], None
@@ -97,12 +97,12 @@ def _match(net: Network, ln: Layer, producers, consumers) -> tuple[list[Layer], 
         tree, adds = _tree(net, ln.inputs[0], producers, consumers, ln)
         affine = ln.inputs[1:3]
     leaves = _order(tree)
-    terms = leaves and _terms(net, leaves, producers, consumers, tuple(shape[:-1]), shape[-1])
+    terms = leaves and _terms(net, leaves, producers, tuple(shape[:-1]), shape[-1])
     if not terms:
         return None
     gathers, const = terms
     if not any(tuple(net.tensors[ids].shape) == tuple(shape[:-1]) for ids, _, _ in gathers):
-        return None  # some lookup spans the whole output
+        return None  # no lookup spans the whole output
     layers = [ln] + [g for _, _, g in gathers] + adds  # the fused layer takes the LayerNorm's name
     if not closed(net, layers, {ln.outputs[0]}, consumers):
         return None
