@@ -53,3 +53,17 @@ def test_a_quantized_attention_output_is_checked_within_its_float_tolerance_in_i
         got[0] = off
         assert (_close([got], [want], False, requantized=True, extra_lsb=2) is None) is ok
     assert _close([want + 2], [want], False, requantized=True) is not None  # one step only without the extra
+
+
+def test_random_indices_fit_every_table():
+    """The autotuner's integer inputs are -1 and 0, valid rows of any non-empty axis (a two-row segment table, a
+    one-row one): larger random values made the reference's lookups fail, on a GPU with a device-side assert."""
+    from kiln.builder.autotune import _random_input
+    from kiln.kinds import run_reference
+
+    for dtype in (DType.INT64, DType.INT32):
+        ids = _random_input(ValueSpec(dtype, (64, 128)), "cpu")
+        assert ids.dtype == dtype.torch and set(ids.unique().tolist()) == {-1, 0}
+        for rows in (1, 2):
+            table = torch.randn(rows, 8)
+            assert run_reference("Gather", [table, ids], {"axis": 0})[0].shape == (64, 128, 8)

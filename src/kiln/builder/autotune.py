@@ -63,6 +63,9 @@ def _random_input(v, device) -> Any:
         return (torch.randn(v.shape, device=device) * 128).clamp(-448, 448).to(torch.float8_e4m3fn)
     if v.dtype is DType.BOOL:  # masks: mostly True, so rows with nothing attended stay rare
         return torch.rand(v.shape, device=device) < 0.9
+    if v.dtype in (DType.INT64, DType.INT32):  # indices: -1 (the last, wrapped) and 0 fit every non-empty axis,
+        # where ±2 could miss a two-row table (BERT's segments) and a CUDA index_select asserts on the device
+        return torch.randint(-1, 1, v.shape, device=device, dtype=v.dtype.torch)
     return (torch.randn(v.shape, device=device) * 0.5).to(v.dtype.torch)
 
 
