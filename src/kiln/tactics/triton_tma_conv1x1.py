@@ -14,9 +14,10 @@ from kiln.tactics.spec import LayerSpec
 from kiln.tactics.triton_common import act_kwargs, conv_reason, conv_rows, mark_nhwc
 from kiln.tactics.triton_gemm_tma import HALF
 
-# multiply-adds under which a 1x1 conv is left to the implicit-GEMM conv's small tiles: no batch-1 layer of ResNet-50
-# (51M at most) or MobileNetV2 (20M) ran faster here by more than noise, every MobileNetV2 batch-64 one it won had
-# 200M or more, and its compiles were a fifth of MobileNetV2's batch-1 build (H200, stops 51-52)
+# multiply-adds under which a 1x1 conv is left to the implicit-GEMM conv's small tiles: of the batch-1 1x1 convs of
+# ResNet-50 (51M at most) and MobileNetV2 (20M) it won one in one build and none in the others, every MobileNetV2
+# batch-64 one it won had 200M or more, and its compiles were a fifth of MobileNetV2's batch-1 compile thread-seconds
+# (H200, stops 51-52)
 MIN_MACS = 1 << 26
 
 
