@@ -31,16 +31,8 @@ g |= split | {"k_per": "i32"}
 for s in (False, True):  # unsplit, and split-K (atomic count, partials summed by the last run)
     k = build(gemm._gemm_kernel, g, {"HAS_BIAS": True, "ACT": "gelu_tanh", "PRECISION": "tf32", "UPCAST": False,
                                       "BLOCK_M": 128 if not s else 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
-                                      "SPLIT": s, "PREFETCH": False, "PF_N": 1}, pdl=s)
+                                      "SPLIT": s}, pdl=s)
     assert "wgmma" in k.asm["ptx"] and ("atom" in k.asm["ptx"]) == s
-    assert "prefetch.global.L2" not in k.asm["ptx"]
-for s, pf_n in ((False, 2), (True, 1)):  # weight prefetch before the wait, unsplit and per split
-    k = build(gemm._gemm_kernel, g, {"HAS_BIAS": True, "ACT": "none", "PRECISION": "tf32", "UPCAST": False,
-                                      "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT": s,
-                                      "PREFETCH": True, "PF_N": pf_n}, pdl=True)
-    ptx = k.asm["ptx"]
-    assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("prefetch.global.L2") \
-        < ptx.index("griddepcontrol.wait")
 c = dict(zip("x w bias res y".split(), [h] * 5))
 c |= {k: "i32" for k in "N H W C OH OW CO KH KW sh sw ph pw dh dw".split()}
 c |= {k: "fp32" for k in "act_alpha act_beta".split()}

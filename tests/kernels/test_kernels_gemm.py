@@ -236,31 +236,3 @@ def test_gpu_split_k_small_rows_every_config(m, n, k):
     for cfg in configs:
         for _ in range(3):
             _check(gemm.matmul(a, w, b, activation="gelu_erf", config=cfg, scratch=scratch), want)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 4])
-def test_gpu_weight_prefetch_gives_the_same_bits_in_a_captured_chain(split):
-    """Two GEMMs chained under PDL with the weight prefetch before each wait (unsplit and split-K): the same bits as
-    without it, in a CUDA graph replayed three times."""
-    a = torch.randn(128, 768, device="cuda").half()
-    w1, w2 = ((torch.randn(k, n, device="cuda") * 0.02).half() for k, n in ((768, 3072), (3072, 768)))
-    cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
-           "SPLIT_K": split}
-    outs = {}
-    for prefetch in (False, True):
-        scratch = [common.SplitScratch(), common.SplitScratch()]
-
-        def chain(prefetch=prefetch, scratch=scratch):
-            h = gemm.matmul(a, w1, activation="gelu_erf", config=cfg, scratch=scratch[0], prefetch=prefetch)
-            return gemm.matmul(h, w2, config=cfg, scratch=scratch[1], prefetch=prefetch)
-        chain()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = chain()
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        outs[prefetch] = out.clone()
-    assert torch.equal(outs[True], outs[False])
-    _check(outs[True], (F.gelu(a.float() @ w1.float()).half().float() @ w2.float()).half())

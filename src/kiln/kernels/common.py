@@ -118,24 +118,6 @@ def pdl_start(PDL: tl.constexpr):
         tl.extra.cuda.gdc_wait()
 
 
-@triton.jit
-def pdl_start_prefetching(PDL: tl.constexpr, PREFETCH: tl.constexpr, w, k_lo, k_len, cols, s_wk,
-                          PF_K: tl.constexpr):
-    """pdl_start that, between letting the next kernel launch and waiting for the previous one, asks L2 for this
-    program's weight rows k_lo .. k_lo + k_len at the byte offsets `cols` (one a 128-byte line): the weights are no
-    earlier kernel's output, so their fetch from HBM runs under the previous kernel (a GEMM at batch 1 waits on it)."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        if PREFETCH:
-            for k0 in range(0, k_len, PF_K):
-                rk = k0 + tl.arange(0, PF_K)
-                at = w + (k_lo + rk)[:, None] * s_wk + cols[None, :]
-                tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                          [tl.where((rk < k_len)[:, None], at, w)], dtype=tl.int32, is_pure=False,
-                                          pack=1)
-        tl.extra.cuda.gdc_wait()
-
-
 def dot_precision(dtype: torch.dtype, tf32: bool) -> str:
     """tl.dot input precision: fp32 layers stay in true fp32 ("ieee") unless TF32 is allowed."""
     return "ieee" if dtype == torch.float32 and not tf32 else "tf32"

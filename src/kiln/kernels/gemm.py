@@ -11,8 +11,7 @@ import triton
 import triton.language as tl
 
 from kiln.kernels.common import (ACTIVATIONS, DEFAULT_SMEM, SplitScratch, activate, dot_precision, grouped_tile,
-                                 pdl_args, pdl_start_prefetching, pow2, split_k_configs, split_k_plan, split_k_sum,
-                                 upcast_dot)
+                                 pdl_args, pdl_start, pow2, split_k_configs, split_k_plan, split_k_sum, upcast_dot)
 from kiln.kernels.out_buffer import take
 
 TILES_WANTED = 64  # the default config shrinks tiles until a problem has this many (enough to fill most GPUs)
@@ -34,14 +33,13 @@ def _gemm_kernel(a, w, bias, c, M, N, K, alpha, beta, act_alpha, act_beta,
                  s_am, s_ak, s_wk, s_wn, s_bm, s_bn, s_cm, s_cn, ws, counts, k_per,
                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                 SPLIT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = False, PF_N: tl.constexpr = 1):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    k_lo = tl.program_id(2) * k_per  # split-K (grid axis 2): this program's run of K (all of K unsplit)
-    k_len = tl.minimum(K - k_lo, k_per)
-    line = (pid_n * BLOCK_N + tl.arange(0, PF_N) * (BLOCK_N // PF_N)) % N  # one column a 128-byte line of W's rows
-    pdl_start_prefetching(PDL, PREFETCH, w, k_lo, k_len, line * s_wn, s_wk, PF_K=64)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(2) * k_per  # split-K (grid axis 2): this program's run of K (all of K unsplit)
+    k_len = tl.minimum(K - k_lo, k_per)
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = a + (rm % M)[:, None] * s_am + (k_lo + rk)[None, :] * s_ak  # wrapped rows/cols: loads stay in bounds
     w_ptrs = w + (k_lo + rk)[:, None] * s_wk + (rn % N)[None, :] * s_wn
@@ -117,7 +115,7 @@ def configs(m: int | None, n: int, k: int, itemsize: int, smem: int, level: int,
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, alpha: float = 1.0,
            beta: float = 1.0, activation: str = "none", act_alpha: float = 1.0, act_beta: float = 0.0,
            config: dict | None = None, tf32: bool = False, out: torch.Tensor | None = None,
-           scratch: SplitScratch | None = None, prefetch: bool = False) -> torch.Tensor:
+           scratch: SplitScratch | None = None) -> torch.Tensor:
     """act(alpha · a @ w + beta · bias) in a's dtype; a (M, K), w (K, N), bias broadcastable to (M, N);
     written into `out`'s bytes when given. A config's SPLIT_K needs `scratch` (the caller's, kept while its kernel
     lives); it is dropped where the grid already fills the GPU."""
@@ -130,20 +128,11 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         return c
     b = bias.expand(m, n) if bias is not None else c
     tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-    pdl = pdl_args(a.device)
     per, splits, ws, counts = split_k_plan(cfg, triton.cdiv(k, cfg["BLOCK_K"]), tiles, a.device, scratch, c)
     _gemm_kernel[(tiles, 1, splits)](
         a, w, b, c, m, n, k, float(alpha), float(beta), float(act_alpha), float(act_beta),
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         ws, counts, per * cfg["BLOCK_K"], HAS_BIAS=bias is not None, ACT=activation,
         PRECISION=dot_precision(a.dtype, tf32), UPCAST=upcast_dot(a.dtype), SPLIT=splits > 1,
-        **{key: cfg[key] for key in CONFIG_KEYS}, **pdl, **_prefetch(prefetch and pdl["PDL"], w, cfg["BLOCK_N"]))
+        **{key: cfg[key] for key in CONFIG_KEYS}, **pdl_args(a.device))
     return c
-
-
-def _prefetch(on: bool, w: torch.Tensor, block_n: int) -> dict:
-    """Launch arguments for the weight prefetch under PDL: W's rows must be contiguous along N (one prefetch a
-    128-byte line: PF_N of them across a tile's BLOCK_N columns)."""
-    if not on or w.stride(1) != 1:
-        return {}
-    return {"PREFETCH": True, "PF_N": max(1, block_n * w.element_size() // 128)}
