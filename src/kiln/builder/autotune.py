@@ -257,7 +257,7 @@ class Autotuner:
         """A Choice made without measuring (no candidate but the reference, a view, nothing to time with), else
         (candidates, refused, the spec to time, [(what, spec to check too)], signature, shape signature)."""
         cands, refused = registry.candidates(spec, self.device)
-        left_out = registry.untried(cands, self.level)
+        left_out = registry.untried(cands, self.level, spec)
         cands = [t for t in cands if t not in {t for t, _ in left_out}]
         refused = refused + [(t.name, why) for t, why in left_out]
         fast = [t for t in cands if t.name != registry.REFERENCE]

@@ -13,6 +13,8 @@ of NHWC input, others go through im2col), so tactics/quant_conv.py lists these s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kiln.tactics import torch_int8, torch_scaled_mm, triton_int8, triton_int8_tma, triton_int8_wgmma
 from kiln.tactics.int8_common import qtype_variants, tma_device_reason
 from kiln.tactics.registry import Tactic, register_table
@@ -20,6 +22,11 @@ from kiln.tactics.registry import Tactic, register_table
 KINDS = ("QuantGemm", "QuantConv")  # every QuantGemm tactic runs a conv lowered to one GEMM too
 
 TRITON_GEMM = qtype_variants("gemm", KINDS, triton_int8.compile_gemm, triton_int8.gemm_configs, priority=20)
+# ResNet-50 int8 (H200, batch 64-256): behind the Gluon kernels on every conv they took, a fifth of the cold build's
+# candidates; it keeps the classifier (N = 1000, which they refuse) and the batch-1 1x1 convs (triton_int8.outpaced)
+TRITON_GEMM = (replace(TRITON_GEMM[0], superseded_by=("triton_int8_gemm_wgmma", "triton_int8_conv_wgmma",
+                                                      "triton_int8_conv_halo"), superseded_when=triton_int8.outpaced),
+               *TRITON_GEMM[1:])
 TRITON_GEMM_TMA = qtype_variants("gemm_tma", KINDS, triton_int8_tma.compile_gemm, triton_int8_tma.gemm_configs,
                                  priority=19, device_reason=tma_device_reason, arch_specific=True)
 TORCH_INT_MM = Tactic("torch_int_mm", KINDS, torch_int8.compile_int_mm, torch_int8.supports_int_mm, priority=10,

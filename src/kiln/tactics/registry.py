@@ -31,7 +31,8 @@ class Tactic:
     `plans_per_shape`: its library makes a plan at each new input shape on the host (cuDNN: milliseconds a layer), so
     a dynamic engine's warm-up runs every shape of a small profile (`Engine.warm_up`); `superseded_by`: tactics that,
     where they take the layer, have always beaten this one on measured models, so below opt level 4 (EXHAUSTIVE) the
-    autotuner leaves it out there (its Hopper successor: fewer compiles per build).
+    autotuner leaves it out there (its Hopper successor: fewer compiles per build); `superseded_when`: the layers
+    where that holds (default: all).
     """
 
     name: str
@@ -48,6 +49,7 @@ class Tactic:
     fresh: bool = False
     plans_per_shape: bool = False
     superseded_by: tuple[str, ...] = ()
+    superseded_when: Callable[[LayerSpec], bool] = lambda spec: True
 
 
 TACTICS: dict[str, Tactic] = {}
@@ -101,12 +103,14 @@ def candidates(spec: LayerSpec, device) -> tuple[list[Tactic], list[tuple[str, s
 EXHAUSTIVE = 4  # the opt level from which superseded tactics are tried too
 
 
-def untried(cands: list[Tactic], level: int) -> list[tuple[Tactic, str]]:
-    """(tactic, why) of those of `cands` the autotuner leaves out at `level`: superseded by another of `cands`."""
+def untried(cands: list[Tactic], level: int, spec: LayerSpec) -> list[tuple[Tactic, str]]:
+    """(tactic, why) of those of `cands` the autotuner leaves out at `level` for layer `spec`: superseded by another
+    of `cands`."""
     names = {t.name for t in cands}
     return [] if level >= EXHAUSTIVE else [
         (t, f"superseded by {', '.join(sorted(names & set(t.superseded_by)))} on this device "
-            f"(tried from opt level {EXHAUSTIVE})") for t in cands if names & set(t.superseded_by)]
+            f"(tried from opt level {EXHAUSTIVE})") for t in cands
+        if names & set(t.superseded_by) and t.superseded_when(spec)]
 
 
 def _load() -> None:

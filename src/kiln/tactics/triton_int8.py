@@ -10,10 +10,24 @@ from __future__ import annotations
 
 from kiln.kernels import int8_gemm
 from kiln.kernels.common import smem_limit
+from kiln.kinds.conv import pointwise
 from kiln.tactics import int8_lowering
 from kiln.tactics.common import first
 from kiln.tactics.int8_common import gemm_rows, nhwc, triton_epilogue_kwargs
 from kiln.tactics.spec import LayerSpec
+
+
+OUTPACED_MACS = 1 << 28  # multiply-adds from which a 1x1 conv's GEMM trails the Gluon GEMM (batch-1 ones are ~2^26)
+
+
+def outpaced(spec: LayerSpec) -> bool:
+    """Where the Hopper GEMM and convs (Gluon) take a layer, whether this kernel trails them: on convs through im2col
+    (1.3-24x the best in ResNet-50 int8 at batch 1-256) and on GEMMs of OUTPACED_MACS or more (1.25-2.1x at batch
+    64-256, H200). At batch 1 it led some 1x1 convs by up to 20 % (H100), so those stay tried."""
+    w, rows = spec.inputs[1].const, gemm_rows(spec)
+    if spec.kind == "QuantConv" and not pointwise(spec.attrs, w):
+        return True
+    return rows is not None and rows * w.shape[0] * w[0].numel() >= OUTPACED_MACS
 
 
 def gemm_configs(spec: LayerSpec, device, level: int):
