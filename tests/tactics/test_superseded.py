@@ -51,6 +51,7 @@ def test_every_successor_named_is_a_registered_tactic():
     registry._load()
     named = {s for t in registry.TACTICS.values() for s in t.superseded_by}
     assert named and named <= set(registry.TACTICS)
-    assert {"triton_int8_gemm", "triton_int8_conv_tma", "triton_int8_conv_chain", "triton_int8_conv_s2d", "torch_int_mm",
-            "triton_int8_conv", "triton_int8_conv_pair", "triton_tma_gemm", "cudnn_conv", "cudnn_fused_conv"} == \
+    assert {"triton_int8_gemm", "triton_int8_conv_tma", "triton_int8_conv_chain", "triton_int8_conv_s2d",
+            "torch_int_mm", "triton_int8_conv", "triton_int8_conv_pair", "triton_tma_gemm", "cudnn_conv",
+            "cudnn_fused_conv"} == \
         {t.name for t in registry.TACTICS.values() if t.superseded_by}
