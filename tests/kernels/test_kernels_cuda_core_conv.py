@@ -175,6 +175,17 @@ def test_direct_dot_configs_only_for_two_byte_inputs():
                                   config=dict(SMALL_DIRECT, DOT=1))
 
 
+def test_large_fp16_direct_convs_get_dot_tiles_alone_below_level_4():
+    """At FEW_ROWS output pixels or more (MobileNetV2's stem at batch 64) the outer products are left out below level
+    4 and half as many DOT tiles offered; fewer pixels (batch 1) and fp32 keep the outer products."""
+    big, small = direct_conv.FEW_ROWS, direct_conv.FEW_ROWS - 1
+    large = direct_conv.configs(big, 32, 3, dot=True)
+    assert large and all(c["DOT"] for c in large) and len(large) == direct_conv.PER_LEVEL[3] // 2
+    assert {c["DOT"] for c in direct_conv.configs(small, 32, 3, dot=True)} == {0, 1}
+    assert {c["DOT"] for c in direct_conv.configs(big, 32, 4, dot=True)} == {0, 1}
+    assert not any(c["DOT"] for c in direct_conv.configs(big, 32, 3))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_direct_fused_relu6_with_residual(dtype):
     g = torch.Generator().manual_seed(3)
