@@ -6,7 +6,6 @@ import importlib
 import numpy as np
 
 from kiln.passes import BuildTarget, default_passes
-from kiln.passes.fuse_separable_conv import fuse_separable_conv
 from kiln.passes.registry import LAYOUT_STEPS, Stage
 from kiln.quant.fold_quantize import fold_quantize
 from kiln.quant.fuse_conv_chain import fuse_conv_chain
@@ -29,7 +28,6 @@ def test_precision_passes_are_gated_on_the_target():
     assert build_passes(BuildTarget(int8_conv_kernels=True), Stage.PRECISION) == layout  # a float build on Hopper
     assert build_passes(BuildTarget(quantized=True), Stage.PRECISION) == [fold_quantize, *layout]
     assert build_passes(HOPPER, Stage.PRECISION) == [fold_quantize, fuse_conv_pair, fuse_conv_chain, *layout]
-    assert build_passes(BuildTarget(gpu=True), Stage.PRECISION) == [fuse_separable_conv, *layout]
 
 
 def test_the_builder_s_target_for_a_cpu_build():

@@ -101,16 +101,14 @@ def memory_budget(device: Device) -> int:
 
 
 def pass_target(config: BuildConfig, device: Device) -> BuildTarget:
-    """What the gated passes (quant/pipeline.py) need to know of this build: whether it runs on a GPU, whether it is
-    quantized and, if so, whether the device runs the Gluon int8 1x1 conv pair and chain kernels (a Hopper GPU) and
-    which chains the chain kernel takes. Asked of those kernels' tactics here, so that no pass depends on a tactic
-    module."""
-    gpu = device.backend == "cuda"
+    """What the gated passes (quant/pipeline.py) need to know of this build: whether it is quantized and, if so,
+    whether the device runs the Gluon int8 1x1 conv pair and chain kernels (a Hopper GPU) and which chains the
+    chain kernel takes. Asked of those kernels' tactics here, so that no pass depends on a tactic module."""
     if not (config.int8 or config.fp8):
-        return BuildTarget(gpu=gpu)
+        return BuildTarget()
     if not triton_int8_pair.fast_on(device):
-        return BuildTarget(gpu=gpu, quantized=True)
-    return BuildTarget(gpu=gpu, quantized=True, int8_conv_kernels=True, int8_chain_fits=triton_int8_chain.fits(device))
+        return BuildTarget(quantized=True)
+    return BuildTarget(quantized=True, int8_conv_kernels=True, int8_chain_fits=triton_int8_chain.fits(device))
 
 
 def opt_tensor_shapes(net: Network, config: BuildConfig, device: Device) -> dict[str, tuple] | None:

@@ -57,23 +57,6 @@ def fused_conv(inputs, attrs):
     return activate(y, attrs["activation"], attrs["activation_params"])
 
 
-@kind("SeparableConv", attrs={"activation": STR.req, "activation_params": list_of(FLOAT | NONE).req, "auto_pad": STR,
-                              "dilations": INTS.req, "group": INT.req, "kernel_shape": INTS.req, "pads": INTS.req,
-                              "pw_activation": STR.req, "pw_activation_params": list_of(FLOAT | NONE).req,
-                              "residual": BOOL, "strides": INTS.req})
-def separable_conv(inputs, attrs):
-    """A depthwise FusedConv and the 1x1 FusedConv that reads it (passes/fuse_separable_conv.py). Inputs: X, Wd,
-    optional Bd, Wp, optional Bp, optional R. attrs: the depthwise conv's and its activation; the 1x1 conv's
-    pw_activation, pw_activation_params and residual (it has stride 1, no padding, one group)."""
-    x, wd, bd, wp, bp, r = (list(inputs) + [None] * 6)[:6]
-    dw_attrs = {k: v for k, v in attrs.items() if not k.startswith("pw_") and k != "residual"}
-    d = _ref("FusedConv", [x, wd, bd], dw_attrs)
-    pw_attrs = {"activation": attrs["pw_activation"], "activation_params": attrs["pw_activation_params"],
-                "dilations": [1, 1], "group": 1, "kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "strides": [1, 1],
-                "residual": r is not None}
-    return _ref("FusedConv", [d, wp, bp, r], pw_attrs)
-
-
 @kind("FusedGemm", attrs={"activation": STR.req, "activation_params": list_of(FLOAT | NONE).req, "trans_b": BOOL.req})
 def fused_gemm(inputs, attrs):
     """A @ W (+ bias) then `activation`. Inputs: A (N-D, [..., K]), W (2-D: [K, N], or [N, K] when

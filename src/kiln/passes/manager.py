@@ -25,7 +25,6 @@ class BuildTarget:
     with no device-specific kernels, which is what `kiln inspect` and the float passes assume."""
 
     quantized: bool = False  # --int8 or --fp8: the precision stage has made quantized layers
-    gpu: bool = False  # a CUDA build: the fusions that save launches (passes/registry.GPU_STEPS) run
     int8_conv_kernels: bool = False  # the device runs the Gluon int8 1x1 conv pair and chain kernels (Hopper)
     # which (K, N, N2, residual, K of a pair's second conv or 0) 1x1 conv chains the chain kernel runs well there
     int8_chain_fits: Callable[[int, int, int, bool, int], bool] = _no_shape_fits

@@ -20,7 +20,6 @@ from kiln.passes.fuse_embedding import fuse_embedding
 from kiln.passes.fuse_gemm_epilogue import fuse_gemm_epilogue
 from kiln.passes.fuse_layernorm import fuse_layernorm
 from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain
-from kiln.passes.fuse_separable_conv import fuse_separable_conv
 from kiln.passes.fuse_sibling_gemms import fuse_sibling_gemms
 from kiln.passes.gather_as_reshape import gather_as_reshape
 from kiln.passes.gemm_rows import gemm_rows
@@ -68,15 +67,6 @@ class Step:
 
 
 STEPS: list[Step] = [Step(p) for p in DEFAULT]
-
-
-def _gpu(target: BuildTarget) -> bool:
-    return target.gpu
-
-
-# GPU builds, after the precision stage (so that an int8 build quantizes each conv first): fusions that pay only
-# where a launch costs more than the bytes it moves.
-GPU_STEPS: list[Step] = [Step(fuse_separable_conv, Stage.PRECISION, _gpu, "on a CUDA device")]
 
 # Layout, last of all (after the precision stage, so its quantization sees the graph as exported): GEMMs keep their
 # rows in memory order, then the layout layers between two kernels become one view where each step alone copies.

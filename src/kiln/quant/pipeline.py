@@ -10,7 +10,7 @@ registry's Step like every other pass.
 from __future__ import annotations
 
 from kiln.passes.manager import BuildTarget, Pass
-from kiln.passes.registry import GPU_STEPS, LAYOUT_STEPS, STEPS, Stage, Step, select
+from kiln.passes.registry import LAYOUT_STEPS, STEPS, Stage, Step, select
 from kiln.quant.fold_quantize import fold_quantize
 from kiln.quant.fuse_conv_chain import fuse_conv_chain
 from kiln.quant.fuse_conv_pair import fuse_conv_pair
@@ -34,7 +34,7 @@ PRECISION_STEPS: list[Step] = [
     Step(fuse_conv_chain, Stage.PRECISION, _int8_conv_kernels, INT8_CONV_KERNELS),
 ]
 
-PIPELINE: list[Step] = STEPS + PRECISION_STEPS + GPU_STEPS + LAYOUT_STEPS
+PIPELINE: list[Step] = STEPS + PRECISION_STEPS + LAYOUT_STEPS
 
 
 def build_passes(target: BuildTarget, stage: Stage) -> list[Pass]:

@@ -27,7 +27,6 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)  # 
     triton_conv,
     triton_conv_s2d,
     triton_cuda_core_conv,
-    triton_separable_conv,
     triton_gather,
     triton_tma_conv1x1,
     triton_norm,
