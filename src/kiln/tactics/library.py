@@ -11,6 +11,7 @@ tests/tactics/test_quant_tactic_table.py holds every kind's order."""
 from kiln.tactics import (  # noqa: F401  (imported for their registrations)  # isort: skip
     triton_gemm,
     triton_gemm_tma,
+    triton_gemv,
     quant_gemm,
     quant_conv,
     quant_conv_pair,
