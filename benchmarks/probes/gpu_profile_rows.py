@@ -30,7 +30,9 @@ def profile_row(name: str, batch: int, cache: Path) -> dict:
             "eager_sum_ms": prof.total_ms, "layers": len(prof.layers), "by_kind": prof.by_kind(),
             "slowest": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean}
                         for t in prof.ranked()[:5]],
-            "every_layer": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean} for t in prof.layers]}
+            "every_layer": [{"layer": t.name, "kind": t.kind, "tactic": t.tactic, "ms": t.mean,
+                             "config": engine.tactics[t.name].config, "tuned_us": engine.tactics[t.name].microseconds}
+                            for t in prof.layers]}
 
 
 def main() -> None:
