@@ -84,6 +84,8 @@ def test_refusals():
     x, c = torch.randn(2, 16, generator=g), torch.randn(2, 8, generator=g)
     attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
     assert "one row" in TACTIC.supports(_spec("Gemm", attrs, [x, w, c], {1})[0], CPU)
+    one, scalar = torch.randn(16, 1, generator=g), torch.tensor(0.5)  # one output column, a scalar C
+    assert "one row" in TACTIC.supports(_spec("Gemm", attrs, [x, one, scalar], {1})[0], CPU)
     with pytest.raises(ValueError, match="rows"):
         gemv.gemv(many, w.t().contiguous())
 

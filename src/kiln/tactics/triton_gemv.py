@@ -30,7 +30,7 @@ def _reason(spec: LayerSpec, device) -> str | None:
         return f"activation {spec.attrs['activation']!r} has no Triton epilogue"
     c = spec.inputs[2] if len(spec.inputs) > 2 else None
     n = w.const.shape[0 if _transposed(spec) else 1]
-    if c is not None and (c.shape is None or math.prod(c.shape) != n or c.shape[-1] != n):
+    if c is not None and (not c.shape or math.prod(c.shape) != n or c.shape[-1] != n):
         return "bias / C is not one row of the output's columns"
     return io_reason(spec, [v for v in (*spec.inputs, spec.outputs[0]) if v is not None], device)
 
