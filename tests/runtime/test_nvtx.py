@@ -72,10 +72,10 @@ def test_nvtx_without_a_cuda_build_of_torch_is_a_config_error(engine, monkeypatc
 def test_nvtx_runs_eagerly_on_cuda(engine, monkeypatch):
     """On a CUDA engine, nvtx=True gives a context without a CUDA graph cache (ranges are recorded at launch)."""
     monkeypatch.setattr(context.torch.cuda, "Stream", lambda: "stream")
-    monkeypatch.setattr(context, "GraphCache", lambda stream, max_graphs: ("graphs", stream))
+    monkeypatch.setattr(context, "GraphCache", lambda stream, max_graphs, casts: ("graphs", stream))
     monkeypatch.setattr(context, "Arena", lambda e: None)
     fake = SimpleNamespace(device=SimpleNamespace(backend="cuda"), config=SimpleNamespace(cuda_graph=True, profiles=()),
-                           network=engine.network, kernels=engine.kernels)
+                           network=engine.network, kernels=engine.kernels, boundary_casts=engine.boundary_casts)
     assert context.ExecutionContext(fake).graphs == ("graphs", "stream")
     assert context.ExecutionContext(fake, nvtx=True).graphs is None
 

@@ -19,6 +19,7 @@ from kiln.ir import Layer, Tensor
 from kiln.ir.dtype import DType
 from kiln.kinds.interpret import first_line, run_layers, to_device, to_host
 from kiln.runtime.arena import Arena
+from kiln.runtime.boundary_casts import passthrough
 from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS, GraphCache, signature
 from kiln.runtime.io import as_torch, bind_outputs, check_bound, check_feeds, check_indices, fetch, index_bounds, upload
 from kiln.runtime.nvtx import ranged_kernels
@@ -84,7 +85,8 @@ class ExecutionContext:
         if isinstance(max_cuda_graphs, bool) or not isinstance(max_cuda_graphs, int) or max_cuda_graphs < 0:
             raise InputError(f"max_cuda_graphs must be a whole number >= 0, got {max_cuda_graphs!r}")
         use_graph = use_graph and max_cuda_graphs > 0
-        self.graphs = GraphCache(self.stream, max_cuda_graphs) if cuda and use_graph and not nvtx else None
+        self.casts = engine.boundary_casts  # the Casts its CUDA graphs leave to their replays' copies
+        self.graphs = GraphCache(self.stream, max_cuda_graphs, self.casts) if cuda and use_graph and not nvtx else None
         self.nvtx = nvtx
         self._ranged = ranged_kernels(engine) if nvtx else None  # no per-layer wrapper unless asked for
         self.arena = Arena(engine)
@@ -228,7 +230,7 @@ class ExecutionContext:
                 return result
             warm = signature(inputs) != self._recorded  # the record run just before was the capture's warm-up
             self._recorded = None
-        return self.graphs.run(self._run, inputs, bound, pin, warm)
+        return self.graphs.run(self._graph_run, inputs, bound, pin, warm)
 
     def _keep(self, keep) -> set[str]:
         """`keep` as a set of names of tensors the engine reads or computes, or an InputError naming the others."""
@@ -256,7 +258,13 @@ class ExecutionContext:
             torch.cuda.current_stream().synchronize()
         return {n: to_host(v) for n, v in staged.items()}
 
-    def _run(self, inputs: dict[str, Any], keep: set[str] = frozenset()) -> dict[str, Any]:
+    def _graph_run(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """`_run` as a CUDA graph captures it: the boundary Casts pass their input through (the graph's static
+        inputs are in the Casts' types, and its replay converts the outputs as it copies them out), and outputs in
+        the arena are handed back uncopied (the replay copies every output once it has run)."""
+        return self._run(inputs, graph=True)
+
+    def _run(self, inputs: dict[str, Any], keep: set[str] = frozenset(), graph: bool = False) -> dict[str, Any]:
         """One eager pass over the engine's kernels; returns outputs (and the kept intermediates).
 
         A dynamic engine at a signature seen before runs only its data layers, reading the memoized shape values;
@@ -265,8 +273,12 @@ class ExecutionContext:
         values: dict[str, Any] = dict(engine.weights)
         values.update(inputs)
         kernels = self._kernels(inputs)
+        casts = self.casts
+        if graph and casts.layers:
+            kernels = [passthrough if k in casts.layers else kernel for k, kernel in enumerate(kernels)]
         buffers = None if keep else self.arena.buffers  # kept intermediates outlive their arena places
-        known = program.lookup(input_signature(inputs)) if program and not keep else None
+        known = program.lookup(input_signature(inputs, casts.declared if graph else None)) \
+            if program and not keep else None
         with torch.inference_mode():
             if known is None:
                 run_layers(engine.network, values, self._failure, engine.memory_plan.release,
@@ -282,7 +294,8 @@ class ExecutionContext:
         # layout layers may leave an output as a view (strided, or aliasing another value, arena memory included):
         # hand back dense tensors of their own
         names = list(engine.network.outputs) + sorted(keep - set(engine.network.outputs))
-        return {n: values[n].clone() if self.arena.holds(values[n]) else _dense(values[n]) for n in names}
+        return {n: values[n].clone() if self.arena.holds(values[n]) and not graph else _dense(values[n])
+                for n in names}
 
     @property
     def eager_reasons(self) -> dict:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.runtime.boundary_casts import BoundaryCasts
 from kiln.runtime.io import bind_outputs
 
 Signature = tuple
@@ -46,8 +47,9 @@ class CapturedRun:
     _capturing = threading.Lock()
 
     def __init__(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool, pin: Any = None,
-                 warm: bool = True):
+                 warm: bool = True, casts: BoundaryCasts = BoundaryCasts()):
         self.pin = pin  # what the graph reads besides its inputs (a dynamic engine's shape values): kept alive
+        self.casts = casts  # `run` leaves these Casts to the copies in and out
         caller = torch.cuda.current_stream()
         stream.wait_stream(caller)
         with self._capturing:
@@ -56,7 +58,7 @@ class CapturedRun:
 
     def _capture(self, run: RunFn, inputs: dict[str, torch.Tensor], stream: torch.cuda.Stream, pool,
                  warm: bool) -> None:
-        self.inputs = {k: v.clone() for k, v in inputs.items()}
+        self.inputs = {k: v.to(self.casts.inputs.get(k, v.dtype), copy=True) for k, v in inputs.items()}
         self.graph = torch.cuda.CUDAGraph()
         # warm-up on the side stream (unless the caller has just run these shapes on it): lazy handles and
         # workspaces are made outside capture. A layer that syncs with the host fails the thread-local capture
@@ -79,20 +81,25 @@ class CapturedRun:
                 self.graph.capture_end()
 
     def replay(self, inputs: dict[str, torch.Tensor], bound: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Run the graph on the current stream; outputs copied out (into `bound` tensors where given)."""
+        """Run the graph on the current stream; outputs copied out (into `bound` tensors where given), each folded
+        Cast's conversion done by its copy."""
         for k, v in inputs.items():
             self.inputs[k].copy_(v, non_blocking=True)
         self.graph.replay()
-        out = {k: v.clone() if isinstance(v, torch.Tensor) and k not in bound else v for k, v in self.outputs.items()}
-        return bind_outputs(out, bound)
+        to = self.casts.outputs
+        out = {k: v.to(to.get(k, v.dtype), copy=True) if isinstance(v, torch.Tensor) and k not in bound else v
+               for k, v in self.outputs.items()}
+        return bind_outputs(out, bound, to)
 
 
 class GraphCache:
     """Per execution context: a captured run per signature (at most `max_graphs`, least recently used dropped),
     or the reason a signature runs eagerly."""
 
-    def __init__(self, stream: torch.cuda.Stream, max_graphs: int = DEFAULT_MAX_GRAPHS):
+    def __init__(self, stream: torch.cuda.Stream, max_graphs: int = DEFAULT_MAX_GRAPHS,
+                 casts: BoundaryCasts = BoundaryCasts()):
         self.stream = stream
+        self.casts = casts  # the Casts each graph's run function leaves to its replay's copies
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
         self.runs: OrderedDict[Signature, CapturedRun] = OrderedDict()
@@ -114,7 +121,7 @@ class GraphCache:
         captured = self.runs.get(sig)
         if captured is None:
             try:
-                captured = CapturedRun(run, inputs, self.stream, self.pool, pin, warm)
+                captured = CapturedRun(run, inputs, self.stream, self.pool, pin, warm, self.casts)
             except Exception as e:  # not capturable: remember why, run eagerly from now on
                 torch.cuda.synchronize()
                 self.eager[sig] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

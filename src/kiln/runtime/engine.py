@@ -18,6 +18,7 @@ from kiln.engine.serialize import check_plugins, network_from_json, network_to_j
 from kiln.errors import InputError, KilnError, PlanError
 from kiln.ir import Network
 from kiln.kinds.interpret import to_device
+from kiln.runtime.boundary_casts import boundary_casts
 from kiln.runtime.context import ExecutionContext
 from kiln.runtime.cuda_graph import DEFAULT_MAX_GRAPHS
 from kiln.runtime.io import select_profile
@@ -75,6 +76,7 @@ class Engine:
         # seconds setting up: the chosen kernels compiled, the memory planned (the build's phase record reads them)
         self.setup_seconds = {"kernels": planned - start, "memory plan": time.perf_counter() - planned}
         self.shape_program = ShapeProgram(network, device.torch_device)
+        self.boundary_casts = boundary_casts(network)  # the Casts a CUDA graph replay folds into its copies
 
     def _compile(self, layer, choice: Choice | None = None, compiled: dict | None = None) -> Kernel:
         """The layer's kernel from its chosen tactic (profile 0's unless `choice`; recorded in `compiled`); a tactic

@@ -207,12 +207,17 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and index(a) == index(b)
 
 
-def bind_outputs(result: dict[str, Any], bound: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """`result` with the bound outputs written into their preallocated tensors (which must match exactly)."""
+def bind_outputs(result: dict[str, Any], bound: Mapping[str, torch.Tensor],
+                 converts: Mapping[str, torch.dtype] | None = None) -> dict[str, Any]:
+    """`result` with the bound outputs written into their preallocated tensors (which must match exactly);
+    `converts`: outputs whose value is converted to that dtype as it is written (a graph's folded output Casts)."""
+    converts = converts or {}
     for name, buf in bound.items():
         value = result[name]
-        if not isinstance(value, torch.Tensor) or value.shape != buf.shape or value.dtype != buf.dtype:
-            got = f"{value.dtype}{list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        if not isinstance(value, torch.Tensor) or value.shape != buf.shape or \
+                converts.get(name, value.dtype) != buf.dtype:
+            got = f"{converts.get(name, value.dtype)}{list(value.shape)}" if isinstance(value, torch.Tensor) \
+                else type(value).__name__
             raise InputError(f"output {name!r} is {got} for these inputs, but the tensor bound to it is "
                              f"{buf.dtype}{list(buf.shape)}; bind a tensor of that dtype and shape")
         buf.copy_(value)

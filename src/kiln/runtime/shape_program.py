@@ -28,9 +28,11 @@ MAX_SIGNATURES = 4096  # memoized signatures per engine (a captured graph keeps 
 Signature = tuple
 
 
-def input_signature(inputs: dict) -> Signature:
-    """What the shape values depend on: every input's shape and dtype."""
-    return tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(inputs.items()))
+def input_signature(inputs: dict, dtypes: dict | None = None) -> Signature:
+    """What the shape values depend on: every input's shape and dtype (`dtypes`: declared ones for inputs held in
+    another, as a graph's static buffers of folded Casts are)."""
+    dtypes = dtypes or {}
+    return tuple((k, tuple(v.shape), dtypes.get(k, v.dtype)) for k, v in sorted(inputs.items()))
 
 
 @dataclass(frozen=True)
