@@ -13,6 +13,7 @@ PDL. Writes DIR/pdl-ab.json; prints each row's medians and each variant's ratio 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import statistics
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 import kiln
-from benchmarks.probes.harness import event_ms, model_rows, rows_parser, suite_row
+from benchmarks.probes.harness import alternating_ms, model_rows, rows_parser, suite_row
 from kiln.runtime.boundary_casts import BoundaryCasts
 
 ROUNDS = 5
@@ -72,10 +73,7 @@ def ab_row(name: str, batch: int, cache: Path) -> dict:
     ctxs = {v: _context(engine, feeds, v) for v in VARIANTS}
     ref = ctxs[VARIANTS[0]][1]
     diff = {v: max(float((ref[k].float() - out[k].float()).abs().max()) for k in ref) for v, (_, out) in ctxs.items()}
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for _ in range(ROUNDS):
-        for v, (ctx, _) in ctxs.items():
-            times[v].append(event_ms(lambda: ctx.run(feeds), iters=100, warmup=10))
+    times = alternating_ms({v: functools.partial(ctx.run, feeds) for v, (ctx, _) in ctxs.items()}, ROUNDS)
     med = {v: statistics.median(t) for v, t in times.items()}
     row = {"model": name, "batch": batch, "median_ms": med, "rounds": times, "max_abs_diff": diff,
            "tactics": engine.tactic_summary(), "boundary_casts": len(engine.boundary_casts.layers)}

@@ -120,6 +120,15 @@ def event_ms(fn: Callable[[], object], iters: int = 50, warmup: int = 10) -> flo
     return measure(fn, device="cuda", warmup=warmup, iterations=iters).median
 
 
+def alternating_ms(fns: dict[str, Callable[[], object]], rounds: int, iters: int = 100) -> dict[str, list[float]]:
+    """Each round, `event_ms` of every fn in turn: per fn, its round medians (the machine's drift shared by all)."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(event_ms(fn, iters=iters, warmup=10))
+    return times
+
+
 def wall_ms(fn: Callable[[], object], iters: int = 100, warmup: int = 10) -> float:
     """Median host time of call + synchronize, on any device."""
     for _ in range(warmup):

@@ -155,3 +155,20 @@ def test_each_profile_is_tuned_at_its_own_shapes_and_static_layers_once(monkeypa
     assert "fails at profile 1" not in str(per_profile[1][name].rejected)  # it failed at opt already
     assert build.profile_tensor_shapes(net, config, SimpleNamespace(backend="cpu")) == [
         {"min": None, "opt": None, "max": None}] * 2
+
+
+def test_an_attention_with_an_integer_keep_mask_is_checked(monkeypatch):
+    """A FusedAttention reading a padding mask as given (int64, passes/attention_keep_mask.py) is checked and timed
+    on random masks like any layer, not taken on priority as a layer reading indices is."""
+    f16, i64 = DType.FLOAT16, DType.INT64
+    qkv = (ValueSpec(f16, (1, 2, 8, 16)), ValueSpec(f16, (1, 2, 16, 8)), ValueSpec(f16, (1, 2, 8, 16)))
+    spec = LayerSpec("attn", "FusedAttention", {"scale": None, "scale_on": "scores", "mask_fill": -1e4},
+                     (*qkv, ValueSpec(i64, (1, 1, 1, 8))), (ValueSpec(f16, (1, 2, 8, 16)),))
+    reference = registry.reference_kernel(spec)
+    no_mask = Tactic("ignores_the_mask", ("FusedAttention",),
+                     lambda s, config, device: (lambda inputs: reference(inputs[:3])))
+    right = Tactic("right", ("FusedAttention",), lambda s, config, device: reference)
+    monkeypatch.setattr(registry, "candidates", lambda s, d: ([no_mask, right], []))
+    choice = Autotuner(FakeCuda(), 0, False, None).choose(spec)
+    assert choice.tactic == "right"
+    assert any(label.startswith("ignores_the_mask") and "wrong result" in why for label, why in choice.rejected)

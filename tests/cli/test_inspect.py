@@ -73,8 +73,8 @@ def test_onnx_lists_the_passes_a_build_runs_in_order_with_their_conditions(tmp_p
     assert all(s["runs"] == "always" for s in steps if s["stage"] == "optimize")
     assert [s["stage"] for s in steps] == ["optimize"] * len(optimize) + ["precision"] * (len(steps) - len(optimize))
     precision = {s["pass"]: s["runs"] for s in steps if s["stage"] == "precision"}
-    assert list(precision) == ["fold_quantize", "fuse_conv_pair", "fuse_conv_chain", "sink_transpose", "gemm_rows",
-                               "collapse_views", "eliminate_dead"]
+    assert list(precision) == ["fold_quantize", "fuse_conv_pair", "fuse_conv_chain", "attention_keep_mask",
+                               "sink_transpose", "gemm_rows", "collapse_views", "eliminate_dead"]
     assert precision["collapse_views"] == "always"
     assert precision["fold_quantize"] == "--int8 or --fp8" and "Hopper" in precision["fuse_conv_chain"]
     text = invoke("inspect", path)

@@ -154,6 +154,31 @@ def test_fused_attention_4d(dtype, scale_on, scale, mask_shape):
     _check(tactic.compile(spec, SMALL, CPU)(inputs)[0], want[0])
 
 
+@pytest.mark.parametrize("name", ["triton_fused_attention", "sdpa_fused_attention"])
+@pytest.mark.parametrize("keep_dtype", [torch.int64, torch.int32, torch.bool])
+def test_fused_attention_keep_mask(name, keep_dtype):
+    """A keep mask (passes/attention_keep_mask.py: Hugging Face's padding mask as given, zero = masked out) gives
+    what the additive mask of 0 and its mask_fill (-inf, or -3) gives, through both tactics and the reference."""
+    q, k, v = _qkv(torch.float16, hkv=4)
+    keep = torch.rand(2, 1, 1, 23, generator=torch.Generator().manual_seed(3)) > 0.3
+    keep[:, ..., 0] = True  # every row keeps a key
+    inputs = [q, k.transpose(-1, -2).contiguous(), v]
+    attrs = {"scale": None, "scale_on": "scores"}
+    spec, want = _fused_spec(attrs, inputs + [keep.to(keep_dtype) * (3 if keep_dtype != torch.bool else 1)])
+    _, additive = _fused_spec(attrs, inputs + [torch.where(keep, 0.0, float("-inf")).half()])
+    torch.testing.assert_close(want[0], additive[0], rtol=0, atol=0)
+    low = {"scale": None, "scale_on": "scores", "mask_fill": -3.0}  # a mild fill: the keys masked still count
+    spec_low, want_low = _fused_spec(low, inputs + [keep.to(keep_dtype)])
+    _, additive_low = _fused_spec(attrs, inputs + [torch.where(keep, 0.0, -3.0).half()])
+    torch.testing.assert_close(want_low[0], additive_low[0], rtol=0, atol=0)
+    tactic = registry.get(name)
+    assert tactic.supports(spec, CPU) is None
+    config = SMALL if name.startswith("triton") else tactic.configs(spec, CPU, 0)[0]
+    _check(tactic.compile(spec, config, CPU)(inputs + [keep.to(keep_dtype) * (3 if keep_dtype != torch.bool
+                                                                                 else 1)])[0], want[0])
+    _check(tactic.compile(spec_low, config, CPU)(inputs + [keep.to(keep_dtype)])[0], want_low[0])
+
+
 def test_fused_attention_3d_with_3d_mask():
     q, k, v = (t.reshape(-1, *t.shape[2:]) for t in _qkv(torch.float32, hkv=4))
     inputs = [q, k.transpose(-1, -2), v, torch.randn(8, 19, 23)]
@@ -235,10 +260,14 @@ def test_gpu_long_sequence_gqa(d):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_fused_attention_bert_base(dtype):
+@pytest.mark.parametrize("keep", [False, True])
+def test_gpu_fused_attention_bert_base(dtype, keep):
+    """BERT-base's attention with its padding mask additive (finfo.min) or as given (int64, zero masks the key)."""
     q, k, v = (torch.randn(1, 12, 128, 64, device="cuda").to(dtype) for _ in range(3))
     m = torch.zeros(1, 1, 1, 128, device="cuda", dtype=dtype)
     m[..., 90:] = torch.finfo(dtype).min
+    if keep:
+        m = (m == 0).long()
     inputs = [q, k.transpose(-1, -2), v, m]
     spec, want = _fused_spec({"scale": 0.125, "scale_on": "scores"}, inputs)
     tactic, device = registry.get("triton_fused_attention"), Device("cuda", torch.cuda.get_device_name(0), "cuda")

@@ -40,6 +40,8 @@ TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfl
 # 1 LSB (an fp32 epilogue value one ulp apart lands on the other side of a .5); a dequantized fp32 output
 # by fp32 rounding (FMA contraction, activation approximations): rtol 1e-4 plus 1e-5 of the output's range.
 QUANTIZED = quantized.KINDS
+# integer inputs that are keep masks (passes/attention_keep_mask.py): any values are valid, so random ones time it
+KEEP_MASKS = {"FusedAttention": 3}
 QUANT_INT8_LSB = 1
 FP16_ULP = 2.0 ** -10
 # fp8 layers (qtype fp8e4m3) sum exact products in fp32, or narrower inside the MMA unit between promotions, in
@@ -268,8 +270,8 @@ class Autotuner:
         timed_spec = spec if spec.static else tuning
         if timed_spec is None or not timed_spec.static or any(
                 v is not None and v.const is None and not v.dtype.is_float and v.dtype is not DType.BOOL
-                and not (v.dtype is DType.INT8 and spec.kind in QUANTIZED)
-                for v in spec.inputs if v is not None and v.dtype is not None):
+                and not (v.dtype is DType.INT8 and spec.kind in QUANTIZED) and KEEP_MASKS.get(spec.kind) != i
+                for i, v in enumerate(spec.inputs) if v is not None and v.dtype is not None):
             t = fast[0]  # no representative data to time or check with: priority decides
             return Choice(t.name, t.configs(spec, self.device, self.level)[0], None, "heuristic", refused)
         probes = [] if spec is timed_spec else [

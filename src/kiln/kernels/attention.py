@@ -28,7 +28,7 @@ _SPACE = [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 
 
 
 @triton.jit
-def _flash_kernel(q, k, v, mask, o, H, GROUPS, Sq, Skv, D, DV, qk_scale, q_scale,
+def _flash_kernel(q, k, v, mask, o, H, GROUPS, Sq, Skv, D, DV, qk_scale, q_scale, mask_fill,
                   s_qb, s_qh, s_qm, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
                   s_mb, s_mh, s_mm, s_mn, s_ob, s_oh, s_om, s_od,
                   MASK: tl.constexpr, MASK_ROWS: tl.constexpr, EVEN_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -83,8 +83,8 @@ def _flash_kernel(q, k, v, mask, o, H, GROUPS, Sq, Skv, D, DV, qk_scale, q_scale
                 mt = tl.load(mask + rn * s_mn, mask=keys, other=0)[None, :]
             if MASK == 1:
                 s += mt.to(tl.float32) * 1.4426950408889634
-            else:
-                s = tl.where(mt != 0, s, float("-inf"))
+            else:  # a keep mask: a zero adds mask_fill (-inf, or an additive mask's low value: the same sum)
+                s = tl.where(mt != 0, s, s + mask_fill * 1.4426950408889634)
         if CAUSAL:
             s = tl.where(rn[None, :] <= rm[:, None], s, float("-inf"))
         if not EVEN_N:
@@ -134,10 +134,11 @@ def configs(sq: int | None, d: int, dv: int, itemsize: int, smem: int, level: in
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
               causal: bool = False, scale: float | None = None, config: dict | None = None,
               tf32: bool = False, heads_inner: bool = False, q_scale: float | None = None,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+              mask_fill: float = -math.inf, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(scale · q kᵀ + mask) v for (B, H, S, D) tensors of any strides; the result has q's dtype (int8, the
     per-tensor QuantizeLinear of that, with `q_scale`) and shape (B, Hq, Sq, Dv), laid out as (B, Sq, Hq, Dv) when
-    `heads_inner` (heads merged back by a view); in `out`'s bytes when given."""
+    `heads_inner` (heads merged back by a view); in `out`'s bytes when given. A bool or integer mask keeps the keys
+    where it is not zero and adds `mask_fill` to the others' scores."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
     cfg = config or configs(sq, d, dv, q.element_size(), DEFAULT_SMEM, 0)[0]
@@ -148,11 +149,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         o = take(out, (bsz, hq, sq, dv), dtype, q.device)
     if o.numel() == 0:
         return o
-    kind = MASK_NONE if mask is None else MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
+    kind = MASK_NONE if mask is None else MASK_ADD if mask.dtype.is_floating_point else MASK_BOOL  # bool / int: keep
     m = mask.expand(bsz, hq, sq, skv) if mask is not None else o
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]), bsz * hq)
     _flash_kernel[grid](q, k, v, m, o, hq, hq // hkv, sq, skv, d, dv, float(scale) * LOG2E, float(q_scale or 1.0),
+                        float(mask_fill),
                         *q.stride(), *k.stride(), *v.stride(), *m.stride(), *o.stride(),
                         MASK=kind, MASK_ROWS=mask is not None and sq > 1 and m.stride(2) != 0,
                         EVEN_N=skv % cfg["BLOCK_N"] == 0, CAUSAL=causal, PRECISION=dot_precision(q.dtype, tf32),

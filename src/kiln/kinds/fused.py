@@ -68,14 +68,15 @@ def fused_gemm(inputs, attrs):
     return activate(y, attrs["activation"], attrs["activation_params"])
 
 
-@kind("FusedAttention", attrs={"nan_to_zero": BOOL, "q_dtype": DTYPE, "q_scale": FLOAT | NONE,
-                               "scale": (FLOAT | NONE).req, "scale_on": STR.req})
+@kind("FusedAttention", attrs={"mask_fill": FLOAT | NONE, "nan_to_zero": BOOL, "q_dtype": DTYPE,
+                               "q_scale": FLOAT | NONE, "scale": (FLOAT | NONE).req, "scale_on": STR.req})
 def fused_attention(inputs, attrs):
     """Softmax(scale · Q @ Kᵀ + mask, last axis) @ V, as MatMul → scale → Add → Softmax → MatMul.
 
     Inputs: Q [..., Sq, D], KT (the key already transposed, [..., D, Skv], as exporters write it),
-    V [..., Skv, Dv], optional additive float mask (broadcast like Add). attrs: scale (float, or None:
-    1/√D of Q's last dim at run time); scale_on "scores" (the product is multiplied by scale) or "qk"
+    V [..., Skv, Dv], optional mask (broadcast like Add): additive if float, else a keep mask, where a zero or False
+    adds mask_fill (attr; None: -inf) and any other value 0 (passes/attention_keep_mask.py). attrs: scale (float,
+    or None: 1/√D of Q's last dim at run time); scale_on "scores" (the product is multiplied by scale) or "qk"
     (Q and KT are each multiplied by √scale first, as torch's SDPA decomposition writes it);
     nan_to_zero (optional, default False): NaN probabilities, as a row masked all -inf gives, become 0
     (SDPA's safe softmax) before the product with V. With q_scale (quant/fold_quantize.py) the output is
@@ -89,8 +90,12 @@ def fused_attention(inputs, attrs):
     scores = _ref("MatMul", [q, kt])
     if attrs["scale_on"] == "scores":
         scores = _ref("Mul", [scores, _scalar(scale, scores)])
-    if mask is not None:
+    if mask is not None and mask.dtype.is_floating_point:
         scores = _ref("Add", [scores, mask])
+    elif mask is not None:
+        fill = attrs.get("mask_fill")
+        scores = _ref("Add", [scores, _ref("Where", [mask != 0, _scalar(0.0, scores),
+                                                     _scalar(-math.inf if fill is None else fill, scores)])])
     p = _ref("Softmax", [scores], {"axis": -1})
     if attrs.get("nan_to_zero"):
         p = _ref("Where", [_ref("IsNaN", [p]), _scalar(0.0, p), p])

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
+from kiln.passes.attention_keep_mask import attention_keep_mask
 from kiln.passes.collapse_views import collapse_views
 from kiln.passes.eliminate_common import eliminate_common
 from kiln.passes.eliminate_dead import eliminate_dead
@@ -68,10 +69,11 @@ class Step:
 
 STEPS: list[Step] = [Step(p) for p in DEFAULT]
 
-# Layout, last of all (after the precision stage, so its quantization sees the graph as exported): GEMMs keep their
-# rows in memory order, then the layout layers between two kernels become one view where each step alone copies.
-LAYOUT_STEPS: list[Step] = [Step(p, Stage.PRECISION) for p in (sink_transpose, gemm_rows, collapse_views,
-                                                                eliminate_dead)]
+# Layout, last of all (after the precision stage, so its quantization sees the graph as exported, and an fp16
+# attention mask's constant is -inf): attention reads the padding mask itself, GEMMs keep their rows in memory order,
+# then the layout layers between two kernels become one view where each step alone copies.
+LAYOUT_STEPS: list[Step] = [Step(p, Stage.PRECISION) for p in (attention_keep_mask, sink_transpose, gemm_rows,
+                                                                collapse_views, eliminate_dead)]
 
 
 def select(steps: list[Step], target: BuildTarget, stage: Stage) -> list[Pass]:

@@ -176,7 +176,8 @@ def _supports_attention(spec: LayerSpec, device) -> str | None:
     if q.shape[:-2] != kt.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         return "batch/head dims of Q, Kᵀ and V differ"
     out, why = attention_output(spec)
-    io = [q, kt, v, out] + ([spec.inputs[3]] if len(spec.inputs) > 3 and spec.inputs[3] else [])
+    mask = spec.inputs[3] if len(spec.inputs) > 3 else None
+    io = [q, kt, v, out] + ([mask] if mask is not None and mask.dtype.is_float else [])  # else a keep mask
     if why or len({x.dtype for x in io}) != 1:
         return why or "Q, Kᵀ, V, mask and Y dtypes differ"
     return float_io(LayerSpec(spec.name, spec.kind, {}, tuple(io), (out,)))
@@ -185,11 +186,13 @@ def _supports_attention(spec: LayerSpec, device) -> str | None:
 def _compile_attention(spec: LayerSpec, config, device):
     d = spec.inputs[0].shape[-1]
     scale = spec.attrs["scale"] if spec.attrs["scale"] is not None else 1.0 / math.sqrt(d)
-    q_scale = spec.attrs.get("q_scale")
+    q_scale, fill = spec.attrs.get("q_scale"), spec.attrs.get("mask_fill")
 
     def run(inputs):
         q, kt, v = inputs[:3]
         mask = inputs[3] if len(inputs) > 3 else None
+        if mask is not None and not mask.dtype.is_floating_point:  # a keep mask (kinds/fused.py)
+            mask = mask != 0 if fill is None else torch.where(mask != 0, 0.0, fill).to(q.dtype)
         y = sdpa(config, q, kt.transpose(-1, -2), v, attn_mask=mask, scale=scale)
         return [y if q_scale is None else quantize.quantize(y, q_scale)]
 

@@ -1,13 +1,15 @@
 """Attention and FusedAttention through the generated Triton flash-attention kernel (kernels/attention.py).
 
 Attention: the layers SDPA takes (4-D, no KV cache, softcap or window), and also causal together
-with a mask. FusedAttention (kinds/fused.py): 3-D or 4-D Q, KT, V and an additive mask; a row whose
+with a mask. FusedAttention (kinds/fused.py): 3-D or 4-D Q, KT, V and an additive or keep mask; a row whose
 mask is all -inf gives zeros where the reference's softmax gives NaN; an int8 output (q_scale) is quantized
 in the kernel's store. Both: head dims 16..128, query
 heads a multiple of KV heads, masks broadcastable to (B, Hq, Sq, Skv).
 """
 
 from __future__ import annotations
+
+import math
 
 from kiln.kernels import attention
 from kiln.kernels.common import smem_limit
@@ -74,8 +76,9 @@ def _supports_fused(spec: LayerSpec, device) -> str | None:
     q4, kt4, v4 = _four_d(q.shape), _four_d(kt.shape), _four_d(v.shape)
     mask = spec.inputs[3] if len(spec.inputs) > 3 else None
     out, why = attention_output(spec)
+    float_mask = [mask] if mask is not None and mask.dtype.is_float else []  # else a keep mask, any integer type
     return why or (_shape_reason(q4, (*kt4[:2], kt4[3], kt4[2]), v4, mask, (*q.shape[:-1], kt.shape[-1]))
-                   or io_reason(spec, [*spec.inputs[:4], out], device))
+                   or io_reason(spec, [*spec.inputs[:3], *float_mask, out], device))
 
 
 def _configs(spec: LayerSpec, device, level: int):
@@ -86,6 +89,8 @@ def _configs(spec: LayerSpec, device, level: int):
 
 def _compile_fused(spec: LayerSpec, config, device):
     scale, tf32, q_scale = spec.attrs.get("scale"), spec.tf32, spec.attrs.get("q_scale")
+    fill = spec.attrs.get("mask_fill")
+    fill = -math.inf if fill is None else fill  # a keep mask's value for the keys it masks
 
     def run(inputs, out=None):
         q, kt, v = inputs[:3]
@@ -96,7 +101,7 @@ def _compile_fused(spec: LayerSpec, config, device):
             mask = mask.unsqueeze(-3) if mask is not None and mask.dim() == 3 else mask
         # 4-D: the output in (B, S, H, D) memory, so the usual head merge (transpose, reshape) is a view
         y = attention.attention(q, kt.transpose(-1, -2), v, mask, scale=scale, config=config, tf32=tf32,
-                                heads_inner=not three_d, q_scale=q_scale, out=first(out))
+                                heads_inner=not three_d, q_scale=q_scale, mask_fill=fill, out=first(out))
         return [y.squeeze(1) if three_d else y]
 
     return run
