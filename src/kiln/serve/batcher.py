@@ -539,13 +539,15 @@ def _only(outputs: dict, wanted: frozenset[str] | None) -> dict:
 def _run_on_device(ctx, feeds: dict, wanted: frozenset[str] | None = None) -> dict:
     """numpy feeds uploaded here and the `wanted` outputs (None: all) downloaded here, so that a batch shape met
     before takes the context's replay fast path (no checks again); device tensors (CUDA shared memory) go in as they
-    are; string and other non-numeric feeds go the checked way."""
+    are; string and other non-numeric feeds go the checked way. Upload, replay and download run on the context's
+    own stream (the fast path replays on the current one), so that instances on other threads overlap."""
     if not all(isinstance(v, torch.Tensor) or isinstance(v, np.ndarray) and v.dtype.kind in "biuf"
                for v in feeds.values()):
         return _only(ctx.run(feeds), wanted)
     device = ctx.engine.device.torch_device
-    return ctx.download(_only(ctx.run({k: v if isinstance(v, torch.Tensor) else upload(as_torch(k, v)[0], device)
-                                       for k, v in feeds.items()}), wanted))
+    with torch.cuda.stream(ctx.stream):
+        return ctx.download(_only(ctx.run({k: v if isinstance(v, torch.Tensor) else upload(as_torch(k, v)[0], device)
+                                           for k, v in feeds.items()}), wanted))
 
 
 def _run_on_host(ctx, feeds: dict, wanted: frozenset[str] | None = None) -> dict:
