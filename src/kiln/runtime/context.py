@@ -100,7 +100,9 @@ class ExecutionContext:
 
         `keep` names extra intermediate tensors to return as well (for debugging and `compare --mark-all`).
         `stream` enqueues the whole run on that CUDA stream without added synchronization (as TensorRT's
-        enqueueV3); `outputs` binds preallocated device tensors to named outputs (ONNX Runtime's IOBinding).
+        enqueueV3); without it, device tensors at shapes this context has run replay its CUDA graph on the current
+        stream (no checks again), other calls run on the context's stream, ordered after and before the current
+        one. `outputs` binds preallocated device tensors to named outputs (ONNX Runtime's IOBinding).
         Sequence inputs are lists of arrays, optional inputs an array or None.
         The phases (`check`, `upload`, `execute`, `download`) are public so that `kiln bench` can time each.
         """
