@@ -104,3 +104,31 @@ def test_gpu_graph_replay_with_folded_casts_equals_the_eager_engine(tmp_path):
     bound = torch.empty_like(eager)
     assert ctx.run({"x": x}, outputs={"y": bound})["y"] is bound
     torch.testing.assert_close(bound, eager, rtol=0, atol=0)
+
+
+def _dynamic_model() -> onnx.ModelProto:
+    """x (fp32, batch N) → Cast fp16 → Reshape to its own Shape (shape arithmetic: a shape program) → MatMul →
+    Cast fp32 → y."""
+    nodes = [helper.make_node("Cast", ["x"], ["xh"], to=F16), helper.make_node("Shape", ["xh"], ["s"]),
+             helper.make_node("Reshape", ["xh", "s"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["m"]),
+             helper.make_node("Cast", ["m"], ["y"], to=F32)]
+    w = helper.make_tensor("w", F16, [3, 2], [0.5, -1.0, 2.0, 0.25, 1.5, -0.75])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, ["n", 3])],
+                              [helper.make_tensor_value_info("y", F32, ["n", 2])], [w])
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+def test_a_dynamic_engines_graph_run_finds_the_shape_values_its_eager_run_recorded():
+    """The graph's run reads its static inputs in the Cast's type but looks its shape values up under the inputs'
+    declared dtypes, where the eager run at that shape recorded them (a miss would run the host-side shape layers
+    inside a capture)."""
+    config = kiln.BuildConfig(device="cpu", profiles=({"x": ((1, 3), (4, 3), (8, 3))},))
+    engine = kiln.build(_dynamic_model().SerializeToString(), config)
+    assert engine.shape_program and engine.boundary_casts.inputs == {"x": torch.float16}
+    ctx = engine.create_context()
+    x = torch.randn(5, 3)
+    want = ctx.run({"x": x})["y"]  # the eager run records this shape's values
+    engine.shape_program.record = lambda *a: pytest.fail("the graph's run missed the recorded shape values")
+    got = ctx._graph_run({"x": x.half()})["y"]
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=0)
