@@ -32,6 +32,7 @@ from kiln.tactics import (  # noqa: F401  (imported for their registrations)  # 
     triton_tma_conv1x1,
     triton_norm,
     triton_pointwise,
+    triton_pointwise_chain,
     triton_pool,
     triton_quantize,
     views,

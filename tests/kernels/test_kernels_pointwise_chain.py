@@ -1,0 +1,133 @@
+"""The generated PointwiseChain kernel (kernels/pointwise_chain.py, tactic triton_pointwise_chain) against the
+chain's reference: chains made by fuse_pointwise_chain from small ONNX graphs, run on the CPU interpreter without a
+GPU. fp32 chains agree to a few ulps (the kernel's exp-based tanh and sigmoid), half ones within the autotuner's
+tolerance, masks and comparisons exactly."""
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from onnx import TensorProto as T, helper, numpy_helper  # noqa: E402
+
+from kiln.builder.autotune import TOLERANCE  # noqa: E402
+from kiln.frontend.onnx import import_onnx  # noqa: E402
+from kiln.passes import PassContext, run_passes  # noqa: E402
+from kiln.passes.fuse_pointwise_chain import fuse_pointwise_chain  # noqa: E402
+from kiln.target.device import Device  # noqa: E402
+from kiln.tactics import registry  # noqa: E402
+from kiln.tactics.spec import layer_spec  # noqa: E402
+
+CPU = Device("cpu", "cpu", "cpu")
+SHAPE = [2, 3, 37]
+TOL = {**TOLERANCE, torch.float32: (1e-5, 1e-6)}
+
+
+def _chain(nodes, inputs, output, inits=()):
+    """The PointwiseChain layer (and its network) fuse_pointwise_chain makes of `nodes`."""
+    g = helper.make_graph(nodes, "g", inputs, [output], initializer=list(inits))
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    net = import_onnx(onnx.shape_inference.infer_shapes(model))
+    run_passes(net, [fuse_pointwise_chain], PassContext())
+    (layer,) = [l for l in net.layers if l.kind == "PointwiseChain"]
+    return net, layer
+
+
+def _run(net, layer, feeds: dict[str, torch.Tensor], config=None):
+    """(the tactic's output, the reference's) on `feeds`."""
+    spec = layer_spec(net, layer, {k: v for k, v in net.constants.items()})
+    tactic = registry.get("triton_pointwise_chain")
+    assert tactic.supports(spec, CPU) is None, tactic.supports(spec, CPU)
+    inputs = [feeds[n] if n in feeds else net.constants[n] for n in layer.inputs]
+    got = tactic.compile(spec, config or tactic.configs(spec, CPU, 0)[0], CPU)(inputs)[0]
+    want = registry.reference_kernel(spec)(inputs)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    return got, want
+
+
+@pytest.mark.parametrize("dtype", [T.FLOAT, T.FLOAT16])
+def test_arithmetic_and_activations(dtype):
+    """z = HardSigmoid(Tanh(x · 2 + y) - LeakyRelu(y)) with a scalar constant, two inputs and two attributed steps."""
+    np_dtype = np.float32 if dtype == T.FLOAT else np.float16
+    nodes = [helper.make_node("Mul", ["x", "two"], ["a"]), helper.make_node("Add", ["a", "y"], ["b"]),
+             helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("LeakyRelu", ["y"], ["d"], alpha=0.2),
+             helper.make_node("Sub", ["c", "d"], ["e"]),
+             helper.make_node("HardSigmoid", ["e"], ["z"], alpha=0.3, beta=0.4)]
+    net, layer = _chain(nodes, [helper.make_tensor_value_info(n, dtype, SHAPE) for n in ("x", "y")],
+                        helper.make_tensor_value_info("z", dtype, SHAPE),
+                        [numpy_helper.from_array(np.array(2.0, np_dtype), "two")])
+    assert len(layer.attrs["program"]) == 6
+    g = torch.Generator().manual_seed(0)
+    feeds = {n: torch.randn(SHAPE, generator=g).to(torch.float32 if dtype == T.FLOAT else torch.float16)
+             for n in ("x", "y")}
+    for config in ({"BLOCK": 64, "num_warps": 2}, None):  # several programs, and the default one block
+        got, want = _run(net, layer, feeds, config)
+        rtol, atol = TOL[want.dtype]
+        torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
+
+
+def test_a_padding_mask_exactly():
+    """BERT's mask: int64 → Cast bool → Where(·, 0, -65504) in fp16: bit-exact."""
+    nodes = [helper.make_node("Cast", ["m"], ["c"], to=T.BOOL), helper.make_node("Where", ["c", "zero", "low"], ["z"])]
+    net, layer = _chain(nodes, [helper.make_tensor_value_info("m", T.INT64, SHAPE)],
+                        helper.make_tensor_value_info("z", T.FLOAT16, SHAPE),
+                        [numpy_helper.from_array(np.array(0, np.float16), "zero"),
+                         numpy_helper.from_array(np.array(-65504, np.float16), "low")])
+    m = torch.randint(-1, 2, SHAPE, generator=torch.Generator().manual_seed(1))
+    got, want = _run(net, layer, {"m": m})
+    assert torch.equal(got, want) and (got == -65504).any() and (got == 0).any()
+
+
+def test_comparisons_logic_and_clip():
+    """z = Where(x < 0.5 And Not(x > y), Clip(x, -1, 1), y / 3): exact selections, fp32 arithmetic."""
+    nodes = [helper.make_node("Less", ["x", "half"], ["l"]), helper.make_node("Greater", ["x", "y"], ["gt"]),
+             helper.make_node("Not", ["gt"], ["ng"]), helper.make_node("And", ["l", "ng"], ["cond"]),
+             helper.make_node("Clip", ["x", "lo", "hi"], ["cl"]), helper.make_node("Div", ["y", "three"], ["d"]),
+             helper.make_node("Where", ["cond", "cl", "d"], ["z"])]
+    consts = {"half": 0.5, "lo": -1.0, "hi": 1.0, "three": 3.0}
+    net, layer = _chain(nodes, [helper.make_tensor_value_info(n, T.FLOAT, SHAPE) for n in ("x", "y")],
+                        helper.make_tensor_value_info("z", T.FLOAT, SHAPE),
+                        [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()])
+    g = torch.Generator().manual_seed(2)
+    got, want = _run(net, layer, {n: torch.randn(SHAPE, generator=g) * 2 for n in ("x", "y")})
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+
+
+def test_refuses_broadcast_constants_and_unknown_steps():
+    """A per-channel constant is neither the output's shape nor one value; Round has no generated form."""
+    tactic = registry.get("triton_pointwise_chain")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["z"])]
+    net, layer = _chain(nodes, [helper.make_tensor_value_info("x", T.FLOAT, SHAPE)],
+                        helper.make_tensor_value_info("z", T.FLOAT, SHAPE),
+                        [numpy_helper.from_array(np.ones((3, 1), np.float32), "w")])
+    assert "broadcast" in tactic.supports(layer_spec(net, layer, dict(net.constants)), CPU)
+    nodes = [helper.make_node("Round", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["z"])]
+    net, layer = _chain(nodes, [helper.make_tensor_value_info("x", T.FLOAT, SHAPE)],
+                        helper.make_tensor_value_info("z", T.FLOAT, SHAPE))
+    assert "Round" in tactic.supports(layer_spec(net, layer, dict(net.constants)), CPU)
+
+
+@pytest.mark.gpu
+def test_gpu_mask_and_activation_chains():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    nodes = [helper.make_node("Cast", ["m"], ["c"], to=T.BOOL), helper.make_node("Where", ["c", "zero", "low"], ["z"])]
+    net, layer = _chain(nodes, [helper.make_tensor_value_info("m", T.INT64, [64, 128])],
+                        helper.make_tensor_value_info("z", T.FLOAT16, [64, 128]),
+                        [numpy_helper.from_array(np.array(0, np.float16), "zero"),
+                         numpy_helper.from_array(np.array(-65504, np.float16), "low")])
+    net.constants = {k: v.cuda() for k, v in net.constants.items()}
+    device = Device("cuda", torch.cuda.get_device_name(0), "cuda")
+    spec = layer_spec(net, layer, dict(net.constants))
+    tactic = registry.get("triton_pointwise_chain")
+    assert tactic.supports(spec, device) is None
+    m = torch.randint(0, 2, (64, 128), device="cuda")
+    inputs = [m if n == "m" else net.constants[n] for n in layer.inputs]
+    want = registry.reference_kernel(spec)(inputs)[0]
+    for config in tactic.configs(spec, device, 5):
+        assert torch.equal(tactic.compile(spec, config, device)(inputs)[0], want)
