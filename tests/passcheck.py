@@ -43,3 +43,13 @@ def assert_same_outputs(before: Network, after: Network, feeds, rtol=1e-5, atol=
     for k in want:
         assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
         np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=atol, err_msg=k)
+
+
+def attention_nodes(i: int, mask: str, q: str = "q", kt: str = "kt", v: str = "v", scale: str = "c") -> list:
+    """Attention as exporters write it, block `i`: y{i} = Softmax(q @ kt · scale + mask) @ v."""
+    from onnx import helper
+
+    return [helper.make_node("MatMul", [q, kt], [f"s{i}"]), helper.make_node("Mul", [f"s{i}", scale], [f"t{i}"]),
+            helper.make_node("Add", [f"t{i}", mask], [f"u{i}"]),
+            helper.make_node("Softmax", [f"u{i}"], [f"p{i}"], axis=-1),
+            helper.make_node("MatMul", [f"p{i}", v], [f"y{i}"])]

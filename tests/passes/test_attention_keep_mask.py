@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper, numpy_helper
 
-from passcheck import apply, assert_same_outputs, imported, kinds
+from passcheck import apply, assert_same_outputs, attention_nodes, imported, kinds
 from kiln.ir import DType
 from kiln.passes.attention_keep_mask import attention_keep_mask
 from kiln.passes.eliminate_dead import eliminate_dead
@@ -26,11 +26,7 @@ def _model(low: float, pad_type=T.INT64, two_layers: bool = False, mask_out: boo
                     helper.make_node("Where", ["p4", "zero", "low"], ["m"])]
     outs = [f("m", T.FLOAT, [B, 1, 1, S])] if mask_out else []
     for i in range(2 if two_layers else 1):
-        nodes += [helper.make_node("MatMul", ["q", "kt"], [f"s{i}"]),
-                  helper.make_node("Mul", [f"s{i}", "c"], [f"t{i}"]),
-                  helper.make_node("Add", [f"t{i}", "m"], [f"u{i}"]),
-                  helper.make_node("Softmax", [f"u{i}"], [f"p{i}"], axis=-1),
-                  helper.make_node("MatMul", [f"p{i}", "v"], [f"y{i}"])]
+        nodes += attention_nodes(i, "m")
         outs.append(f(f"y{i}", T.FLOAT, [B, H, S, D]))
     inits = [numpy_helper.from_array(np.array([B, 1, 1, S], np.int64), "shape4"),
              numpy_helper.from_array(np.zeros(1, np.float32), "zero"),

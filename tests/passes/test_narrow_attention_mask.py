@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper, numpy_helper
 
-from passcheck import apply, assert_same_outputs, imported, kinds
+from passcheck import apply, assert_same_outputs, attention_nodes, imported, kinds
 from kiln.passes.eliminate_dead import eliminate_dead
 from kiln.passes.fuse_attention import fuse_attention
 from kiln.passes.narrow_attention_mask import narrow_attention_mask
@@ -38,11 +38,7 @@ def _model(rows_const, neg_branch: np.ndarray, two_layers: bool = False):
              helper.make_node("Expand", ["a", "full"], ["e"]), helper.make_node("Where", ["e", "zero", "neg"], ["m"])]
     outs = []
     for i in range(2 if two_layers else 1):
-        nodes += [helper.make_node("MatMul", ["q", "kt"], [f"s{i}"]),
-                  helper.make_node("Mul", [f"s{i}", "c"], [f"t{i}"]),
-                  helper.make_node("Add", [f"t{i}", "m"], [f"u{i}"]),
-                  helper.make_node("Softmax", [f"u{i}"], [f"p{i}"], axis=-1),
-                  helper.make_node("MatMul", [f"p{i}", "v"], [f"y{i}"])]
+        nodes += attention_nodes(i, "m")
         outs.append(f(f"y{i}", T.FLOAT, [B, H, S, D]))
     inits = [numpy_helper.from_array(np.array([B, 1, 1, S], np.int64), "shape4"),
              numpy_helper.from_array(np.array([B, 1, S, S], np.int64), "full"),
