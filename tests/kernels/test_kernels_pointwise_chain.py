@@ -1,7 +1,7 @@
 """The generated PointwiseChain kernel (kernels/pointwise_chain.py, tactic triton_pointwise_chain) against the
 chain's reference: chains made by fuse_pointwise_chain from small ONNX graphs, run on the CPU interpreter without a
 GPU. fp32 chains agree to a few ulps (the kernel's exp-based tanh and sigmoid), half ones within the autotuner's
-tolerance, masks and comparisons exactly."""
+tolerance, masks, comparisons and broadcast constants exactly."""
 
 import os
 
@@ -98,14 +98,22 @@ def test_comparisons_logic_and_clip():
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
 
 
-def test_refuses_broadcast_constants_and_unknown_steps():
-    """A per-channel constant is neither the output's shape nor one value; Round has no generated form."""
-    tactic = registry.get("triton_pointwise_chain")
-    nodes = [helper.make_node("Mul", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["z"])]
+@pytest.mark.parametrize("w_shape", [(3, 1), (37,), (2, 1, 1)])
+def test_constants_that_broadcast(w_shape):
+    """z = Relu(x · w + 1) with w per channel, per position or per batch: read through its broadcast strides."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "one"], ["b"]),
+             helper.make_node("Relu", ["b"], ["z"])]
+    w = np.random.default_rng(3).normal(size=w_shape).astype(np.float32)
     net, layer = _chain(nodes, [helper.make_tensor_value_info("x", T.FLOAT, SHAPE)],
                         helper.make_tensor_value_info("z", T.FLOAT, SHAPE),
-                        [numpy_helper.from_array(np.ones((3, 1), np.float32), "w")])
-    assert "broadcast" in tactic.supports(layer_spec(net, layer, dict(net.constants)), CPU)
+                        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    got, want = _run(net, layer, {"x": torch.randn(SHAPE, generator=torch.Generator().manual_seed(4))},
+                     {"BLOCK": 64, "num_warps": 2})
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_refuses_steps_without_a_generated_form():
+    tactic = registry.get("triton_pointwise_chain")
     nodes = [helper.make_node("Round", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["z"])]
     net, layer = _chain(nodes, [helper.make_tensor_value_info("x", T.FLOAT, SHAPE)],
                         helper.make_tensor_value_info("z", T.FLOAT, SHAPE))

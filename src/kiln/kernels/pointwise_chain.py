@@ -3,9 +3,10 @@ line of the kernel's source, so the chain reads its inputs once and writes its o
 a torch kernel per step.
 
 Each float step computes in fp32 and rounds to the dtype the reference's step gives (`dtypes`: torch's type
-promotion), so results follow the reference step by step. Inputs are whole tensors of the output's shape or single
-values (broadcast). The source is generated per program and dtypes and held in `linecache` under a name of its own
-(as dataclasses does for the code it generates), where Triton reads it back.
+promotion), so results follow the reference step by step. Inputs are whole tensors of the output's shape, single
+values, or tensors that broadcast to it (read through their strides, 0 along a broadcast dim). The source is
+generated per program, dtypes and input forms and held in `linecache` under a name of its own (as dataclasses does
+for the code it generates), where Triton reads it back.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import linecache
+import math
 
 import torch
 import triton
@@ -88,17 +90,32 @@ def _expr(kind: str, k: int, ops: list, out: torch.dtype) -> str:
     return (ARITHMETIC.get(kind) or COMPARE[kind]).format(a=f"({a})", b=f"({b})")
 
 
-def source(program: list, dtypes: list[torch.dtype], scalars: list[bool], name: str) -> str:
-    """The kernel's source: inputs x0.. (a scalar one: one value), each activation step's ACTk name and ak, bk
-    attributes, then y and n. `dtypes`: the inputs' then each step's result's."""
-    n_in = len(scalars)
+FULL, SCALAR, BROADCAST = "full", "scalar", "broadcast"  # how an input is read
+
+
+def form(x: torch.Tensor, shape: tuple) -> str:
+    """How the kernel reads input `x` for an output of `shape`."""
+    return FULL if tuple(x.shape) == tuple(shape) else SCALAR if x.numel() == 1 else BROADCAST
+
+
+def source(program: list, dtypes: list[torch.dtype], forms: list[str], rank: int, name: str) -> str:
+    """The kernel's source: inputs x0.. (FULL, SCALAR: one value, BROADCAST: read through strides xi_s0.. over the
+    output's dims D0.. of pitches P0..), each activation step's ACTk name and ak, bk attributes, then y and n.
+    `dtypes`: the inputs' then each step's result's."""
+    n_in = len(forms)
     acts = [k for k, (kind, _, _) in enumerate(program) if kind in OPS]
-    params = [f"x{i}" for i in range(n_in)] + [p for k in acts for p in (f"a{k}", f"b{k}")] + \
-        ["y", "n"] + [f"ACT{k}: tl.constexpr" for k in acts] + ["BLOCK: tl.constexpr", "PDL: tl.constexpr"]
+    spread = [i for i, f in enumerate(forms) if f == BROADCAST]
+    dims = [p for d in range(rank) for p in (f"D{d}", f"P{d}")] if spread else []
+    params = [f"x{i}" for i in range(n_in)] + [f"x{i}_s{d}" for i in spread for d in range(rank)] + dims + \
+        [p for k in acts for p in (f"a{k}", f"b{k}")] + ["y", "n"] + [f"ACT{k}: tl.constexpr" for k in acts] + \
+        ["BLOCK: tl.constexpr", "PDL: tl.constexpr"]
     lines = [f"def {name}({', '.join(params)}):", "    pdl_start(PDL)",
              "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "    inside = offs < n"]
-    lines += [f"    v{i} = tl.load(x{i})" if scalars[i] else f"    v{i} = tl.load(x{i} + offs, mask=inside, other=0)"
-              for i in range(n_in)]
+    lines += [f"    i{d} = (offs // P{d}) % D{d}" for d in range(rank)] if spread else []
+    for i, f in enumerate(forms):
+        at = {FULL: "x{i} + offs", SCALAR: "x{i}",
+              BROADCAST: "x{i} + " + " + ".join(f"i{d} * x{{i}}_s{d}" for d in range(rank))}[f].format(i=i)
+        lines.append(f"    v{i} = tl.load({at})" if f == SCALAR else f"    v{i} = tl.load({at}, mask=inside, other=0)")
     for k, (kind, refs, _) in enumerate(program):
         ops = [None if r is None else (f"v{r}", dtypes[r]) for r in refs]
         out = dtypes[n_in + k]
@@ -122,16 +139,21 @@ def chain(program: list, dtypes: list[torch.dtype], inputs: list[torch.Tensor], 
     """The chain's output of `shape` (in `out`'s bytes when given); inputs of `shape` or of one value; `dtypes`:
     the inputs' then each step's result's (the last: the output's)."""
     cfg = config or CONFIGS[0]
-    scalars = [x.numel() == 1 and tuple(x.shape) != tuple(shape) for x in inputs]
-    text = source(program, dtypes, scalars, "chain")
+    shape = tuple(shape)
+    forms = [form(x, shape) for x in inputs]
+    text = source(program, dtypes, forms, len(shape), "chain")
     name = "chain_" + hashlib.sha1(text.encode()).hexdigest()[:16]
     fn = _kernel(text.replace("def chain(", f"def {name}(", 1), name)
     y = take(out, shape, dtypes[-1], inputs[0].device)
     n = y.numel()
     if n:
         acts = [(k, resolve(kind, step_attrs(step))) for k, step in enumerate(program) if (kind := step[0]) in OPS]
-        xs = [x.reshape(1) if s else x.contiguous() for x, s in zip(inputs, scalars)]
-        fn[(triton.cdiv(n, cfg["BLOCK"]),)](*xs, *[v for _, (_, a, b) in acts for v in (float(a), float(b))], y, n,
+        xs = [x.contiguous() if f == FULL else x.reshape(1) if f == SCALAR else x for x, f in zip(inputs, forms)]
+        strides = [st for x, f in zip(inputs, forms) if f == BROADCAST for st in x.expand(shape).stride()]
+        dims = [v for d in range(len(shape)) for v in (shape[d], math.prod(shape[d + 1:]))] \
+            if BROADCAST in forms else []
+        fn[(triton.cdiv(n, cfg["BLOCK"]),)](*xs, *strides, *dims,
+                                            *[v for _, (_, a, b) in acts for v in (float(a), float(b))], y, n,
                                             **{f"ACT{k}": act for k, (act, _, _) in acts}, BLOCK=cfg["BLOCK"],
                                             num_warps=cfg["num_warps"], **pdl_args(y.device))
     return y

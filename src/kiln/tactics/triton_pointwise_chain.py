@@ -1,5 +1,5 @@
 """A PointwiseChain as one generated Triton kernel (kernels/pointwise_chain.py), where its reference runs a torch
-kernel per step: inputs of the output's shape or of one value, steps the generated source knows."""
+kernel per step: inputs of the output's shape or that broadcast to it, steps the generated source knows."""
 
 from __future__ import annotations
 
@@ -26,13 +26,20 @@ def value_dtypes(spec: LayerSpec) -> list[torch.dtype] | None:
     return [v.dtype for v in values]
 
 
+def _broadcasts(shape: tuple, to: tuple) -> bool:
+    """Whether a static `shape` broadcasts to `to` (numpy's rules, dims of `to` known where `shape`'s are not 1)."""
+    if not all(isinstance(d, int) for d in shape) or len(shape) > len(to):
+        return False
+    return all(d == 1 or d == t for d, t in zip(reversed(shape), reversed(to)))
+
+
 def _supports(spec: LayerSpec, device) -> str | None:
     out = spec.outputs[0]
     if out.shape is None or not any(v.shape == out.shape for v in spec.inputs):
         return "no input of the output's shape"
     for v in spec.inputs:
-        if v.shape != out.shape and not (v.const is not None and v.const.numel() == 1):
-            return "an input broadcast other than one value"
+        if v.shape != out.shape and not _broadcasts(v.shape, out.shape):
+            return f"an input of shape {list(v.shape)} does not broadcast to the output's {list(out.shape)}"
     dtypes = value_dtypes(spec)
     if dtypes is None:
         return "a value of unknown dtype"
