@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,14 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
         data, base, source = read_model_bytes(path), path.parent, str(path)
     if len(data) > PROTOBUF_LIMIT:
         raise ModelError("model is over protobuf's 2 GiB limit; save it with external data")
-    digest = hashlib.sha256(data).hexdigest()
+    with ThreadPoolExecutor(max_workers=1) as hashing:  # hashlib lets go of Python's lock: it hashes as we parse
+        digest = hashing.submit(lambda: hashlib.sha256(data).hexdigest())
+        return LoadedModel(_checked(data, base, source, limits, input_shapes, base_dir), digest.result(), source)
+
+
+def _checked(data: bytes, base: Path | None, source: str, limits: ModelLimits,
+             input_shapes: dict[str, tuple[int, ...]] | None, base_dir: str | os.PathLike | None) -> onnx.ModelProto:
+    """The model of `data` parsed, checked, its external data read and its shapes inferred (load_onnx's work)."""
     proto = parse(data, source)
     validate_fields(proto, source)
     check_caps(proto, limits)
@@ -60,7 +68,7 @@ def load_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, limits: ModelL
         del proto.graph.value_info[:]  # exporters' stale symbolic dims would survive re-inference
     adopt_shapes(proto, infer_shapes(weightless(proto), source, limits))
     check_caps(proto, limits, inferred=True)  # again, now with every inferred intermediate shape
-    return LoadedModel(proto, digest, source)
+    return proto
 
 
 def read_model_bytes(path: Path) -> bytes:
