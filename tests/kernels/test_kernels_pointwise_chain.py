@@ -139,3 +139,59 @@ def test_gpu_mask_and_activation_chains():
     want = registry.reference_kernel(spec)(inputs)[0]
     for config in tactic.configs(spec, device, 5):
         assert torch.equal(tactic.compile(spec, config, device)(inputs)[0], want)
+
+
+UNARY = ["Neg", "Abs", "Exp", "Sqrt", "Tanh", "Sigmoid", "Relu", "Erf", "Floor", "Reciprocal", "Softsign"]
+BINARY = ["Add", "Sub", "Mul", "Div", "Max", "Min"]
+
+
+def _random_chain(seed: int, dtype):
+    """A random tree of 4-7 elementwise steps over x, y and a scalar constant, each intermediate read once (so that
+    the pass makes one chain); values kept finite: Sqrt, Reciprocal and Div read Abs(v) + 1."""
+    rng = np.random.default_rng(seed)
+    np_dtype = np.float32 if dtype == T.FLOAT else np.float16
+    pool, nodes = [], []  # intermediates not read yet
+
+    def take() -> str:
+        if pool and rng.random() < 0.7:
+            return pool.pop(int(rng.integers(len(pool))))
+        return str(rng.choice(["x", "y"]))
+
+    def positive(i: int, a: str) -> str:
+        nodes.extend([helper.make_node("Abs", [a], [f"abs{i}"]),
+                      helper.make_node("Add", [f"abs{i}", "one"], [f"p{i}"])])
+        return f"p{i}"
+
+    for i in range(int(rng.integers(4, 8))):
+        op, out = str(rng.choice(UNARY + BINARY)), f"v{i}"
+        if op in ("Sqrt", "Reciprocal"):
+            nodes.append(helper.make_node(op, [positive(i, take())], [out]))
+        elif op == "Div":
+            a = take()
+            nodes.append(helper.make_node("Div", [a, positive(i, take())], [out]))
+        elif op in BINARY:
+            nodes.append(helper.make_node(op, [take(), "k" if rng.random() < 0.3 else take()], [out]))
+        else:
+            nodes.append(helper.make_node(op, [take()], [out]))
+        pool.append(out)
+    while len(pool) > 1:
+        a, b = pool.pop(), pool.pop()
+        nodes.append(helper.make_node("Add", [a, b], [f"s{len(pool)}"]))
+        pool.append(f"s{len(pool)}")
+    nodes.append(helper.make_node("Tanh", [pool[0]], ["z"]))
+    consts = [numpy_helper.from_array(np.array(v, np_dtype), k) for k, v in (("k", 0.75), ("one", 1.0))]
+    return _chain(nodes, [helper.make_tensor_value_info(n, dtype, SHAPE) for n in ("x", "y")],
+                  helper.make_tensor_value_info("z", dtype, SHAPE), consts)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("dtype", [T.FLOAT, T.FLOAT16])
+def test_random_chains(seed, dtype):
+    """Random trees of arithmetic and activations agree with the reference step by step (each float step rounded to
+    the reference's dtype)."""
+    net, layer = _random_chain(seed, dtype)
+    g = torch.Generator().manual_seed(seed)
+    torch_dtype = torch.float32 if dtype == T.FLOAT else torch.float16
+    got, want = _run(net, layer, {n: torch.randn(SHAPE, generator=g).to(torch_dtype) for n in ("x", "y")})
+    rtol, atol = TOL[want.dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol, equal_nan=True)
