@@ -4,6 +4,9 @@ GPU. fp32 chains agree to a few ulps (the kernel's exp-based tanh and sigmoid), 
 tolerance, masks, comparisons and broadcast constants exactly."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -195,3 +198,49 @@ def test_random_chains(seed, dtype):
     got, want = _run(net, layer, {n: torch.randn(SHAPE, generator=g).to(torch_dtype) for n in ("x", "y")})
     rtol, atol = TOL[want.dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+COMPILE = """
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from kiln.kernels import pointwise_chain as pc
+from kiln.ir import DType
+programs = [  # a padding mask; a broadcast constant, an activation and a comparison
+    ([["Cast", [0], ["to", DType.BOOL]], ["Where", [3, 1, 2], []]],
+     [torch.int64, torch.float16, torch.float16, torch.bool, torch.float16], ["full", "scalar", "scalar"]),
+    ([["Mul", [0, 1], []], ["LeakyRelu", [3], ["alpha", 0.2]], ["Less", [4, 2], []], ["Where", [5, 4, 2], []]],
+     [torch.float16, torch.float32, torch.float32, torch.float32, torch.float32, torch.bool, torch.float32],
+     ["full", "broadcast", "scalar"]),
+]
+for k, (program, dtypes, forms) in enumerate(programs):
+    name = f"chain_{k}"
+    fn = pc._kernel(pc.source(program, dtypes, forms, 2, name), name)
+    ty = {torch.float32: "fp32", torch.float16: "fp16", torch.int64: "i64", torch.bool: "i1"}
+    sig, consts = {}, {"BLOCK": 1024, "PDL": True}
+    for p in fn.arg_names:
+        if p[0] == "x" and "_s" not in p:
+            sig[p] = "*" + ty[dtypes[int(p[1:])]]
+        elif p == "y":
+            sig[p] = "*" + ty[dtypes[-1]]
+        elif p.startswith("ACT"):
+            consts[p] = "leaky_relu"
+        elif p[0] in "ab" and p[1:].isdigit():
+            sig[p] = "fp32"
+        elif p not in consts:
+            sig[p] = "i64"
+    sig.update({c: "constexpr" for c in consts})
+    compiled = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32))
+    assert "ptx" in compiled.asm, compiled.asm.keys()
+print("compiled", len(programs))
+"""
+
+
+def test_generated_source_compiles_for_hopper():
+    """The interpreter takes what the compiler may not: the generated source of a mask chain and of a broadcast,
+    activation and comparison chain compiles to PTX for sm_90 (no GPU needed), PDL on, in a process of its own
+    (this one's kernels are the interpreter's)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2] / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled 2" in done.stdout, done.stderr[-2000:]
