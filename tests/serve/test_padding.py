@@ -324,6 +324,38 @@ def test_padded_inputs_of_different_lengths_are_a_400(server):
     assert status == 400 and "different lengths [3, 4]" in doc["error"] and "input_ids" in doc["error"], doc
 
 
+def test_an_id_outside_the_embedding_table_is_a_400(server):
+    """The server checks ids against the table they index before the batch goes to the engine (on a GPU the engine
+    gets them on the device, where nothing reads them back)."""
+    import http.client
+    import json
+
+    url, _ = server
+    body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3], "data": [1, VOCAB, 2]},
+                       {"name": "attention_mask", "datatype": "INT64", "shape": [1, 3], "data": [1, 1, 1]}]}
+    conn = http.client.HTTPConnection(url, timeout=30)
+    try:
+        conn.request("POST", "/v2/models/plain/infer", body=json.dumps(body))
+        r = conn.getresponse()
+        status, doc = r.status, json.loads(r.read())
+    finally:
+        conn.close()
+    assert status == 400 and "input 'input_ids'" in doc["error"] and f"[-{VOCAB}, {VOCAB})" in doc["error"], doc
+
+
+def test_ids_are_checked_with_the_request_not_by_the_engine(tmp_path, engine):
+    """ServedModel checks ids itself (a CUDA engine gets the batch on the device, where nothing reads them back)."""
+    from kiln.serve.model import ServedModel
+
+    cfg = _config(tmp_path, f"max_batch_size = {MAX_BATCH}\n{PROFILES}").complete(engine)
+    served = ServedModel("m", "1", cfg, engine)
+    feeds = tokens(1, 4, 0)
+    assert served._validate(feeds, None) == 1
+    feeds["input_ids"][0, 2] = -VOCAB - 1
+    with pytest.raises(BadRequest, match=rf"input 'input_ids': values must be in \[-{VOCAB}, {VOCAB}\)"):
+        served._validate(feeds, None)
+
+
 def test_batch_buckets_and_length_multiple(tmp_path, engine):
     """Buckets from config.toml, or on a GPU the powers of two, preferred sizes and max_batch_size; CPU: none."""
     from types import SimpleNamespace

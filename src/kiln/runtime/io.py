@@ -116,27 +116,39 @@ def select_profile(shapes: dict[str, tuple], profiles: tuple[Profile, ...]) -> i
     return min(fits, key=lambda k: (distance(profiles[k]), k))
 
 
+# kind → its (index input, table input) positions: a Gather's, and a fused embedding's lookups (kinds/fused.py)
+INDEX_READERS = {"Gather": ((1, 0),), "EmbedLayerNorm": ((0, 1), (2, 3), (4, 5))}
+
+
 def index_bounds(net: Network) -> dict[str, tuple[int, str]]:
-    """Integer inputs a Gather reads as indices into a constant table (embeddings): input → (the table's rows along
-    the gathered axis, the Gather's name), the smallest table where several read one input."""
+    """Integer inputs a Gather or a fused embedding lookup reads as indices into a constant table (embeddings):
+    input → (the table's rows along the gathered axis, the layer's name), the smallest table where several read one
+    input."""
     bounds: dict[str, tuple[int, str]] = {}
     for layer in net.layers:
-        if layer.kind == "Gather" and layer.inputs[1] in net.inputs and layer.inputs[0] in net.constants:
-            table = net.constants[layer.inputs[0]]
-            rows = table.shape[layer.attrs.get("axis", 0) % table.dim()] if table.dim() else 0
-            if rows < bounds.get(layer.inputs[1], (rows + 1,))[0]:
-                bounds[layer.inputs[1]] = (rows, layer.name)
+        for at, table_at in INDEX_READERS.get(layer.kind, ()):
+            ids, table = (layer.inputs[k] if k < len(layer.inputs) else None for k in (at, table_at))
+            if ids not in net.inputs or table not in net.constants:
+                continue
+            t = net.constants[table]
+            rows = t.shape[layer.attrs.get("axis", 0) % t.dim() if layer.kind == "Gather" else 0] if t.dim() else 0
+            if rows < bounds.get(ids, (rows + 1,))[0]:
+                bounds[ids] = (rows, layer.name)
     return bounds
 
 
 def check_indices(tensors: dict[str, Any], bounds: dict[str, tuple[int, str]]) -> None:
-    """Host-resident index inputs must lie in [-rows, rows) of the tables they index (a Gather out of range
-    fails on the CPU and traps the GPU); device tensors are trusted, not read back, as TensorRT does."""
+    """Host-resident index inputs (CPU tensors or numpy arrays) must lie in [-rows, rows) of the tables they index
+    (a lookup out of range fails on the CPU, traps the GPU or reads zeros there); device tensors are trusted, not read
+    back, as TensorRT does."""
     for name, (rows, layer) in bounds.items():
         v = tensors.get(name)
-        if not isinstance(v, torch.Tensor) or v.device.type != "cpu" or not v.numel():
+        if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "iu":
+            lo, hi = int(v.min()), int(v.max())
+        elif isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel():
+            lo, hi = (int(x) for x in torch.aminmax(v))
+        else:
             continue
-        lo, hi = (int(x) for x in torch.aminmax(v))
         if lo < -rows or hi >= rows:
             raise InputError(f"input {name!r}: values must be in [{-rows}, {rows}) (it indexes a table of {rows} "
                              f"rows in layer {layer!r}), got values from {lo} to {hi}")

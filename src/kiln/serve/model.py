@@ -16,7 +16,8 @@ from kiln.serve import INLINE_US
 from kiln.serve.config import ModelConfig
 from kiln.serve.dtypes import NUMPY_TO_V2, V2_TO_NUMPY, torch_dtype
 from kiln.serve.errors import BadRequest, ServeError
-from kiln.errors import KilnError
+from kiln.errors import InputError, KilnError
+from kiln.runtime.io import check_indices, index_bounds
 from kiln.serve.logs import REQUESTS, event
 from kiln.serve.metrics import Metrics
 
@@ -94,6 +95,8 @@ class ServedModel:
         batch = [-1] if cfg.max_batch_size else []
         self._input_spec = {t.name: (V2_TO_NUMPY[t.data_type], t.data_type, batch + list(t.dims)) for t in cfg.input}
         self._output_names = frozenset(t.name for t in cfg.output)
+        # ids into embedding tables, checked here: the engine gets them on the device, where they are not read back
+        self._index_bounds = index_bounds(self.engine.network) if hasattr(self.engine, "network") else {}
         self.warmed = self._warm_up()
 
     def _warm_up(self) -> list[int]:
@@ -202,6 +205,10 @@ class ServedModel:
                 batch.add(a.shape[0])
         if len(batch) > 1:
             raise BadRequest(f"model {self.name!r}: inputs have different batch sizes {sorted(batch)}")
+        try:
+            check_indices(inputs, self._index_bounds)
+        except InputError as e:
+            raise BadRequest(f"model {self.name!r}: {e}") from None
         rows = batch.pop() if batch else 1
         if cfg.max_batch_size and not 1 <= rows <= cfg.max_batch_size:
             raise BadRequest(f"model {self.name!r}: batch size {rows} must be between 1 and max_batch_size "
