@@ -129,7 +129,8 @@ def _kernel(text: str, name: str):
     """The @triton.jit function of `text`, its source registered in linecache so that Triton can read it back."""
     filename = f"<kiln pointwise chain {name}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    scope = {"tl": tl, "pdl_start": common.pdl_start, "activate": common.activate, "erf": common.erf}
+    scope = {"__name__": __name__, "tl": tl, "pdl_start": common.pdl_start, "activate": common.activate,
+             "erf": common.erf}  # __name__: the function's __module__, as for one written here
     exec(compile(text, filename, "exec"), scope)  # noqa: S102 - kiln's own source: no model text goes into it
     return triton.jit(scope[name])
 
