@@ -307,39 +307,35 @@ def test_without_padding_lengths_are_never_merged(server):
         np.testing.assert_array_equal(got["embeddings"], ctx.run(feeds)["embeddings"])
 
 
-def test_padded_inputs_of_different_lengths_are_a_400(server):
+def _post_json(url: str, model: str, body: dict) -> tuple[int, dict]:
+    """(status, JSON answer) of a JSON infer request."""
     import http.client
     import json
 
+    conn = http.client.HTTPConnection(url, timeout=30)
+    try:
+        conn.request("POST", f"/v2/models/{model}/infer", body=json.dumps(body))
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def test_padded_inputs_of_different_lengths_are_a_400(server):
     url, _ = server
     body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3], "data": [1, 2, 3]},
                        {"name": "attention_mask", "datatype": "INT64", "shape": [1, 4], "data": [1, 1, 1, 1]}]}
-    conn = http.client.HTTPConnection(url, timeout=30)
-    try:
-        conn.request("POST", "/v2/models/padded/infer", body=json.dumps(body))
-        r = conn.getresponse()
-        status, doc = r.status, json.loads(r.read())
-    finally:
-        conn.close()
+    status, doc = _post_json(url, "padded", body)
     assert status == 400 and "different lengths [3, 4]" in doc["error"] and "input_ids" in doc["error"], doc
 
 
 def test_an_id_outside_the_embedding_table_is_a_400(server):
     """The server checks ids against the table they index before the batch goes to the engine (on a GPU the engine
     gets them on the device, where nothing reads them back)."""
-    import http.client
-    import json
-
     url, _ = server
     body = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3], "data": [1, VOCAB, 2]},
                        {"name": "attention_mask", "datatype": "INT64", "shape": [1, 3], "data": [1, 1, 1]}]}
-    conn = http.client.HTTPConnection(url, timeout=30)
-    try:
-        conn.request("POST", "/v2/models/plain/infer", body=json.dumps(body))
-        r = conn.getresponse()
-        status, doc = r.status, json.loads(r.read())
-    finally:
-        conn.close()
+    status, doc = _post_json(url, "plain", body)
     assert status == 400 and "input 'input_ids'" in doc["error"] and f"[-{VOCAB}, {VOCAB})" in doc["error"], doc
 
 
