@@ -134,11 +134,11 @@ def configs(sq: int | None, d: int, dv: int, itemsize: int, smem: int, level: in
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
               causal: bool = False, scale: float | None = None, config: dict | None = None,
               tf32: bool = False, heads_inner: bool = False, q_scale: float | None = None,
-              mask_fill: float = -math.inf, out: torch.Tensor | None = None) -> torch.Tensor:
+              mask_fill: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(scale · q kᵀ + mask) v for (B, H, S, D) tensors of any strides; the result has q's dtype (int8, the
     per-tensor QuantizeLinear of that, with `q_scale`) and shape (B, Hq, Sq, Dv), laid out as (B, Sq, Hq, Dv) when
     `heads_inner` (heads merged back by a view); in `out`'s bytes when given. A bool or integer mask keeps the keys
-    where it is not zero and adds `mask_fill` to the others' scores."""
+    where it is not zero and adds `mask_fill` (None: -inf) to the others' scores."""
     bsz, hq, sq, d = q.shape
     hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
     cfg = config or configs(sq, d, dv, q.element_size(), DEFAULT_SMEM, 0)[0]
@@ -154,7 +154,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]), bsz * hq)
     _flash_kernel[grid](q, k, v, m, o, hq, hq // hkv, sq, skv, d, dv, float(scale) * LOG2E, float(q_scale or 1.0),
-                        float(mask_fill),
+                        -math.inf if mask_fill is None else float(mask_fill),
                         *q.stride(), *k.stride(), *v.stride(), *m.stride(), *o.stride(),
                         MASK=kind, MASK_ROWS=mask is not None and sq > 1 and m.stride(2) != 0,
                         EVEN_N=skv % cfg["BLOCK_N"] == 0, CAUSAL=causal, PRECISION=dot_precision(q.dtype, tf32),

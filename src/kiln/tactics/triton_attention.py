@@ -9,8 +9,6 @@ heads a multiple of KV heads, masks broadcastable to (B, Hq, Sq, Skv).
 
 from __future__ import annotations
 
-import math
-
 from kiln.kernels import attention
 from kiln.kernels.common import smem_limit
 from kiln.tactics.common import attention_output, first, rank
@@ -89,8 +87,7 @@ def _configs(spec: LayerSpec, device, level: int):
 
 def _compile_fused(spec: LayerSpec, config, device):
     scale, tf32, q_scale = spec.attrs.get("scale"), spec.tf32, spec.attrs.get("q_scale")
-    fill = spec.attrs.get("mask_fill")
-    fill = -math.inf if fill is None else fill  # a keep mask's value for the keys it masks
+    fill = spec.attrs.get("mask_fill")  # a keep mask's value for the keys it masks (None: -inf)
 
     def run(inputs, out=None):
         q, kt, v = inputs[:3]
